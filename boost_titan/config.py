@@ -1,0 +1,80 @@
+"""The ``[boost]`` TOML section, merged into torchtitan's JobConfig.
+
+``boost_titan.train`` merges it automatically; with plain ``torchtitan.train`` set
+``[job] custom_config_module = "boost_titan.config"``.
+"""
+
+from dataclasses import dataclass, field
+
+TP_PLANS = ("auto", "fullrank", "btp", "vanilla")
+RMSNORM_MODES = ("online", "sync")
+LAX_GATES = ("kron", "dense")
+LATENT_ACTS = ("default", "silu", "none")
+
+
+@dataclass
+class Boost:
+    tp_plan: str = "auto"
+    """Tensor-parallel plan: "fullrank" (dense models, torchtitan's Megatron plan),
+    "btp" (bottleneck-aware TP for low-rank models), "vanilla" (every factor its own
+    Megatron chunk), or "auto" (fullrank for dense, btp for low-rank)."""
+
+    rmsnorm: str = "online"
+    """BTP only. "online": RMSNorm statistics ride in the next latent all-reduce;
+    "sync": a separate all-reduce of the statistics (ablation)."""
+
+    group_linears: bool = True
+    """Concatenate A_q|A_k|A_v and A_gate|A_up into one GEMM (one all-reduce under
+    BTP) and run B_q,B_k,B_v / B_gate,B_up as batched GEMMs."""
+
+    rank: int = 0
+    """Bottleneck rank r of every factored projection (0: the flavor's default)."""
+
+    rank_ratio: float = 0.0
+    """Alternative to ``rank``: r = round(rank_ratio * dim). 0 disables."""
+
+    kv_rank: int = 0
+    """Rank of the k/v projections (0: r for MHA, min(r, kv_dim // 2) for GQA)."""
+
+    lax_gate: str = "kron"
+    """LaX latent-crossing gate: "kron" (G1^T H G0, r = a*b) or "dense" (r x r)."""
+
+    latent_act: str = "default"
+    """Activation inside the bottleneck: "default" (the architecture's: SiLU for CoLA
+    and LaX, none for SVD), "silu" or "none"."""
+
+    cpu_peak_flops: float = 0.0
+    """Peak FLOP/s used for MFU on CPU runs (0: measure an fp32 matmul at start-up).
+    `python -m boost_titan.tools.peak_flops` prints this machine's figure."""
+
+    log_comm: bool = False
+    """Count tensor-parallel collectives (count and bytes, forward/backward) on the
+    first training step and log them."""
+
+
+@dataclass
+class JobConfig:
+    boost: Boost = field(default_factory=Boost)
+
+
+def validate_boost_config(boost: Boost) -> None:
+    def _check(name: str, value: str, valid: tuple[str, ...]) -> None:
+        if value not in valid:
+            raise ValueError(
+                f"[boost] {name} = {value!r} is not valid; choose one of {list(valid)}"
+            )
+
+    _check("tp_plan", boost.tp_plan, TP_PLANS)
+    _check("rmsnorm", boost.rmsnorm, RMSNORM_MODES)
+    _check("lax_gate", boost.lax_gate, LAX_GATES)
+    _check("latent_act", boost.latent_act, LATENT_ACTS)
+    if boost.rank < 0:
+        raise ValueError(f"[boost] rank = {boost.rank} must be >= 0 (0 = flavor default)")
+    if boost.kv_rank < 0:
+        raise ValueError(f"[boost] kv_rank = {boost.kv_rank} must be >= 0")
+    if boost.rank_ratio < 0 or boost.rank_ratio > 1:
+        raise ValueError(
+            f"[boost] rank_ratio = {boost.rank_ratio} must be in (0, 1] (0 disables)"
+        )
+    if boost.rank and boost.rank_ratio:
+        raise ValueError("[boost] set either rank or rank_ratio, not both")

@@ -1,0 +1,211 @@
+"""Bottleneck layers and the latent-side machinery shared by every low-rank block.
+
+A dense projection ``W: in -> out`` becomes ``up(act(down(x)))`` with ``down`` = A
+(in -> r) and ``up`` = B (r -> out). Parameters stay per projection (stable FQNs
+``<proj>.down.weight`` / ``<proj>.up.weight``); grouping (one GEMM for A_q|A_k|A_v,
+batched GEMMs for the B's) happens at compute time, so a checkpoint does not depend on
+``group_linears``.
+
+Blocks never talk to other ranks themselves: they call a :class:`LatentComm` at the
+three points where a tensor-parallel plan may need a collective. Single device, all of
+them are identities; ``boost_titan/tp_plans`` supplies the parallel ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from .args import kron_factors
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a (possibly distributed) parameter; differentiable."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class KroneckerGate(nn.Module):
+    """LaX Kronecker gate: h (r = a*b) viewed as H [a, b] -> G1^T H G0, flattened."""
+
+    def __init__(self, r: int):
+        super().__init__()
+        self.a, self.b = kron_factors(r)
+        self.g1 = nn.Parameter(torch.empty(self.a, self.a))
+        self.g0 = nn.Parameter(torch.empty(self.b, self.b))
+
+    def init_weights(self) -> None:
+        # kaiming-uniform as in the authors' code (nn.Linear's default rule)
+        for g in (self.g1, self.g0):
+            nn.init.kaiming_uniform_(g, a=5**0.5)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        H = h.unflatten(-1, (self.a, self.b))
+        out = local(self.g1).t() @ H @ local(self.g0)
+        return out.flatten(-2)
+
+
+class DenseGate(nn.Module):
+    def __init__(self, r: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(r, r))
+
+    def init_weights(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, local(self.weight))
+
+
+class LatentCross(nn.Module):
+    """LaX crossing: norm_r(latent + gate(previous block's latent of this type))."""
+
+    def __init__(self, r: int, gate: str, eps: float):
+        super().__init__()
+        self.gate = KroneckerGate(r) if gate == "kron" else DenseGate(r)
+        self.norm = nn.LayerNorm(r, eps=eps)
+
+    def init_weights(self) -> None:
+        self.gate.init_weights()
+        self.norm.reset_parameters()
+
+    def forward(self, latent: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        w, b = local(self.norm.weight), local(self.norm.bias)
+        return F.layer_norm(latent + self.gate(prev), (latent.shape[-1],), w, b, self.norm.eps)
+
+
+class Bottleneck(nn.Module):
+    """``y = B act(A x)``; ``cross`` (LaX, blocks >= 1) acts on the latent before act."""
+
+    def __init__(self, din: int, dout: int, rank: int, act: str, cross: LatentCross | None = None):
+        super().__init__()
+        self.din, self.dout, self.rank = din, dout, rank
+        self.down = nn.Linear(din, rank, bias=False)
+        self.up = nn.Linear(rank, dout, bias=False)
+        self.act = act
+        self.cross = cross
+
+    def init_weights(self) -> None:
+        # CoLA init: A, B ~ N(0, 1) r^-1/4 (in+out)^-1/4, so A.B has variance 1/(in+out)
+        std = self.rank**-0.25 * (self.din + self.dout) ** -0.25
+        nn.init.normal_(self.down.weight, std=std)
+        nn.init.normal_(self.up.weight, std=std)
+        if self.cross is not None:
+            self.cross.init_weights()
+
+    def activate(self, latent: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+        if self.cross is not None:
+            latent = self.cross(latent, prev)
+        return F.silu(latent) if self.act == "silu" else latent
+
+    def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """Stand-alone single-device use (blocks use the grouped helpers below)."""
+        return self.up(self.activate(self.down(x), prev))
+
+
+class LatentComm:
+    """The collective points of a bottleneck block; identities on a single device.
+
+    ``reduce_down``: after the down-projections A (input d- or f-sharded under BTP, so
+        the latent is a partial sum), with the RMSNorm statistics riding along.
+    ``enter_up``: before the up-projections B (column-parallel under BTP: the
+        backward all-reduce of the latent gradient lives here).
+    ``leave_up``: after an up-projection (vanilla TP's output all-reduce).
+    ``reduce_stats``: RMSNorm statistics alone (BTP ``sync`` ablation).
+    """
+
+    norm_mode = "online"
+
+    def reduce_stats(self, stats: torch.Tensor) -> torch.Tensor:
+        return stats
+
+    def reduce_down(self, latent: torch.Tensor, stats: torch.Tensor | None):
+        return latent, stats
+
+    def enter_up(self, latent: torch.Tensor) -> torch.Tensor:
+        return latent
+
+    def leave_up(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+
+SINGLE_DEVICE = LatentComm()
+
+
+def down_group(
+    x: torch.Tensor,
+    projs: list[Bottleneck],
+    comm: LatentComm,
+    grouped: bool,
+    norm: nn.RMSNorm | None = None,
+    dim: int = 0,
+) -> list[torch.Tensor]:
+    """(RMSNorm +) the A's of ``projs`` that share input ``x``; returns the latents.
+
+    With a norm this is Online-RMSNorm: RMSNorm(x) A^T = ((x * g) A^T) / rms(x), so the
+    per-token sum of squares can be reduced together with the partial latent. ``dim``
+    is the full hidden size (x may be a d/T shard).
+    """
+    stats = None
+    if norm is not None:
+        stats = x.float().pow(2).sum(-1, keepdim=True)
+        if comm.norm_mode == "sync":
+            stats = comm.reduce_stats(stats)
+            x = (x.float() * torch.rsqrt(stats / dim + norm.eps)).type_as(x)
+            stats = None
+        x = x * local(norm.weight)
+
+    if grouped:
+        weight = torch.cat([local(p.down.weight) for p in projs], 0)
+        latent, stats = comm.reduce_down(F.linear(x, weight), stats)
+        latents = [latent]
+    else:
+        latents, pending = [], stats
+        for p in projs:  # the statistics ride with the first A's all-reduce
+            latent, reduced = comm.reduce_down(F.linear(x, local(p.down.weight)), pending)
+            if pending is not None:
+                stats, pending = reduced, None
+            latents.append(latent)
+    if norm is not None and comm.norm_mode == "online":
+        scale = torch.rsqrt(stats / dim + norm.eps)
+        latents = [(l.float() * scale).type_as(l) for l in latents]
+    if grouped:
+        return list(latents[0].split([p.rank for p in projs], -1))
+    return latents
+
+
+def up_group(
+    latents: list[torch.Tensor],
+    projs: list[Bottleneck],
+    comm: LatentComm,
+    grouped: bool,
+) -> list[torch.Tensor]:
+    """The B's of ``projs`` applied to their (activated) latents.
+
+    Grouped: one ``enter_up`` for all latents (one backward all-reduce under BTP) and
+    one batched GEMM per run of equally shaped B's.
+    """
+    if not grouped:
+        return [
+            comm.leave_up(F.linear(comm.enter_up(z), local(p.up.weight)))
+            for z, p in zip(latents, projs)
+        ]
+    z = comm.enter_up(torch.cat(latents, -1)) if len(latents) > 1 else comm.enter_up(latents[0])
+    zs = z.split([p.rank for p in projs], -1)
+    outs: list[torch.Tensor] = []
+    i = 0
+    while i < len(projs):
+        j = i + 1
+        while j < len(projs) and local(projs[j].up.weight).shape == local(projs[i].up.weight).shape:
+            j += 1
+        if j - i == 1:
+            outs.append(F.linear(zs[i], local(projs[i].up.weight)))
+        else:
+            w = torch.stack([local(p.up.weight) for p in projs[i:j]])  # [n, out, r]
+            lead = zs[i].shape[:-1]
+            zb = torch.stack([t.reshape(-1, t.shape[-1]) for t in zs[i:j]])  # [n, N, r]
+            yb = torch.bmm(zb, w.transpose(1, 2))
+            outs.extend(y.view(*lead, -1) for y in yb.unbind(0))
+        i = j
+    return [comm.leave_up(o) for o in outs]

@@ -1,0 +1,230 @@
+"""LLaMA-2 with dense (baseline) or bottleneck (SVD, CoLA, LaX) projections.
+
+FQNs follow torchtitan's llama3 (``tok_embeddings``, ``layers.<i>``, ``norm``,
+``output``; ``attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``) so torchtitan's
+pipeline splitting, activation checkpointing, FSDP2 and, for the dense model, its
+Megatron TP plan apply unchanged. Low-rank projections add ``.down`` (A) / ``.up`` (B).
+
+LaX carries the previous block's latents with the hidden state: blocks exchange one
+tensor ``cat([hidden, latent_q, ..., latent_down], -1)``, so pipeline stage boundaries
+and activation checkpointing need nothing special.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchtitan.models.llama3.model.args import RoPEScalingArgs
+from torchtitan.models.llama3.model.model import (
+    Attention as DenseAttention,
+    apply_rotary_emb,
+    precompute_freqs_cis,
+)
+from torchtitan.models.utils import trunc_normal_
+from torchtitan.protocols.train_spec import ModelProtocol
+
+from .args import LlamaArgs
+from .bottleneck import SINGLE_DEVICE, Bottleneck, LatentComm, LatentCross, down_group, up_group
+
+# LLaMA-2 has no RoPE frequency scaling; factor 1 makes llama3's rule the identity.
+_NO_ROPE_SCALING = RoPEScalingArgs(scaling_factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0)
+
+ATTN_PROJS = ("wq", "wk", "wv", "wo")
+FFN_PROJS = ("w1", "w3", "w2")
+PROJ_ORDER = ATTN_PROJS + FFN_PROJS
+
+
+# ----------------------------------------------------------------------------- dense
+class DenseFeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, init_std: float) -> None:
+        trunc_normal_(self.w1.weight, mean=0.0, std=0.02)
+        for linear in (self.w2, self.w3):
+            trunc_normal_(linear.weight, mean=0.0, std=init_std)
+
+
+class DenseBlock(nn.Module):
+    """The LLaMA-2 block (torchtitan llama3 attention, explicit FFN width)."""
+
+    def __init__(self, layer_id: int, args: LlamaArgs):
+        super().__init__()
+        self.attention = DenseAttention(args)
+        self.feed_forward = DenseFeedForward(args.dim, args.ffn_dim)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        depth = layer_id + 1 if args.depth_init else args.n_layers
+        self.weight_init_std = 0.02 / (2 * depth) ** 0.5
+
+    def forward(self, x, freqs_cis, attention_masks=None, positions=None):
+        h = x + self.attention(self.attention_norm(x), freqs_cis, attention_masks, positions)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        self.attention.init_weights(self.weight_init_std)
+        self.feed_forward.init_weights(self.weight_init_std)
+
+
+# ----------------------------------------------------------------------------- low-rank
+class LowRankAttention(nn.Module):
+    def __init__(self, args: LlamaArgs, projs: dict[str, Bottleneck]):
+        super().__init__()
+        self.head_dim = args.head_dim
+        for name in ATTN_PROJS:
+            setattr(self, name, projs[name])
+
+    def attend(self, q, k, v, freqs_cis, positions=None) -> torch.Tensor:
+        # -1: the local head count (q/k/v may hold a tensor-parallel slice of heads)
+        bs, seqlen, _ = q.shape
+        q = q.view(bs, seqlen, -1, self.head_dim)
+        k = k.view(bs, seqlen, -1, self.head_dim)
+        v = v.view(bs, seqlen, -1, self.head_dim)
+        q, k = apply_rotary_emb(q, k, freqs_cis=freqs_cis, positions=positions)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+        )
+        return out.transpose(1, 2).reshape(bs, seqlen, -1)
+
+
+class LowRankFeedForward(nn.Module):
+    def __init__(self, projs: dict[str, Bottleneck]):
+        super().__init__()
+        for name in FFN_PROJS:
+            setattr(self, name, projs[name])
+
+
+class LowRankBlock(nn.Module):
+    """A LLaMA block whose seven projections are bottlenecks.
+
+    The forward is written chunk by chunk, the way BTP cuts it: every ``down_group``
+    ends a chunk (partial latent -> ``comm.reduce_down``), every ``up_group`` starts
+    one. ``self.comm`` is the tensor-parallel plan's hook (identity by default).
+    """
+
+    def __init__(self, layer_id: int, args: LlamaArgs):
+        super().__init__()
+        self.dim = args.dim
+        self.swiglu = args.swiglu
+        self.grouped = args.group_linears
+        self.lax = args.arch == "lax"
+        self.comm: LatentComm = SINGLE_DEVICE
+        projs = {}
+        for name, (din, dout, r) in args.projection_shapes().items():
+            cross = None
+            if self.lax and layer_id > 0:
+                cross = LatentCross(r, args.lax_gate, args.lax_norm_eps)
+            projs[name] = Bottleneck(din, dout, r, args.activation, cross)
+        self.attention = LowRankAttention(args, projs)
+        self.feed_forward = LowRankFeedForward(projs)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.latent_widths = [projs[n].rank for n in PROJ_ORDER]
+
+    def forward(self, x, freqs_cis, attention_masks=None, positions=None):
+        prev: list[torch.Tensor | None] = [None] * len(PROJ_ORDER)
+        if self.lax:
+            x, *prev = x.split([x.shape[-1] - sum(self.latent_widths)] + self.latent_widths, -1)
+        comm, grouped, a, f = self.comm, self.grouped, self.attention, self.feed_forward
+        qkv, gu = [a.wq, a.wk, a.wv], [f.w1, f.w3]
+
+        # attention chunk: B_q,B_k,B_v -> heads -> A_o ; then B_o
+        lat = down_group(x, qkv, comm, grouped, self.attention_norm, self.dim)
+        z_qkv = [p.activate(l, h) for p, l, h in zip(qkv, lat, prev[0:3])]
+        q, k, v = up_group(z_qkv, qkv, comm, grouped)
+        o = a.attend(q, k, v, freqs_cis, positions)
+        (lat_o,) = down_group(o, [a.wo], comm, grouped)
+        z_o = a.wo.activate(lat_o, prev[3])
+        (attn_out,) = up_group([z_o], [a.wo], comm, grouped)
+        h = x + attn_out
+
+        # MLP chunk: B_gate,B_up -> SwiGLU -> A_down ; then B_down
+        lat = down_group(h, gu, comm, grouped, self.ffn_norm, self.dim)
+        z_gu = [p.activate(l, hp) for p, l, hp in zip(gu, lat, prev[4:6])]
+        gate, up = up_group(z_gu, gu, comm, grouped)
+        mid = (F.silu(gate) if self.swiglu else gate) * up
+        (lat_d,) = down_group(mid, [f.w2], comm, grouped)
+        z_d = f.w2.activate(lat_d, prev[6])
+        (ffn_out,) = up_group([z_d], [f.w2], comm, grouped)
+        out = h + ffn_out
+
+        if self.lax:
+            out = torch.cat([out, *z_qkv, z_o, *z_gu, z_d], -1)
+        return out
+
+    def projections(self) -> list[Bottleneck]:
+        return [getattr(self.attention, n) for n in ATTN_PROJS] + [
+            getattr(self.feed_forward, n) for n in FFN_PROJS
+        ]
+
+    def init_weights(self) -> None:
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        for p in self.projections():
+            p.init_weights()
+
+
+# ----------------------------------------------------------------------------- model
+class Transformer(ModelProtocol):
+    def __init__(self, args: LlamaArgs):
+        super().__init__(args)
+        args.validate()
+        self.model_args = args
+        self.vocab_size = args.vocab_size
+        self.n_layers = args.n_layers
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
+        block_cls = LowRankBlock if args.low_rank else DenseBlock
+        self.layers = nn.ModuleDict(
+            {str(i): block_cls(i, args) for i in range(args.n_layers)}
+        )
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # LaX: width of the latents carried next to the hidden state between blocks
+        self.lax_width = sum(args.projection_shapes()[n][2] for n in PROJ_ORDER) if args.arch == "lax" else 0
+
+    def _precompute_freqs_cis(self) -> torch.Tensor:
+        a = self.model_args
+        return precompute_freqs_cis(a.head_dim, a.max_seq_len, a.rope_theta, _NO_ROPE_SCALING)
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        buffer_device = buffer_device or self.freqs_cis.device
+        with torch.device(buffer_device):
+            self.freqs_cis = self._precompute_freqs_cis()
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight)
+        for layer in self.layers.values():
+            if layer is not None:
+                layer.init_weights()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            std = self.model_args.dim**-0.5
+            trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, tokens: torch.Tensor, attention_masks=None, positions=None):
+        # tokens are hidden states on non-first pipeline stages
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens)
+            if self.lax_width:  # block 0 has no crossing: its "previous latents" are unused
+                h = torch.cat([h, h.new_zeros(*h.shape[:-1], self.lax_width)], -1)
+        else:
+            h = tokens
+        for layer in self.layers.values():
+            h = layer(h, self.freqs_cis, attention_masks=attention_masks, positions=positions)
+        if self.norm is None:
+            return h
+        if self.lax_width:
+            h = h[..., : h.shape[-1] - self.lax_width]
+        h = self.norm(h)
+        return self.output(h) if self.output is not None else h

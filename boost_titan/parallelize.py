@@ -1,0 +1,74 @@
+"""parallelize_fn for every boost_titan model: TP plan, then torchtitan's AC, compile
+and FSDP2/DDP exactly as torchtitan's llama3 applies them."""
+
+from __future__ import annotations
+
+from torch import nn
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
+from torchtitan.models.llama3.infra.parallelize import (
+    _op_sac_save_list,
+    apply_compile,
+    apply_ddp,
+    apply_fsdp,
+)
+from torchtitan.tools.logging import logger
+
+from boost_titan.cpu_runtime import fix_fsdp_reduce_for_gloo
+from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan
+
+
+def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
+    args = model.model_args
+    plan = resolve_tp_plan(job_config.boost.tp_plan, args)
+    if job_config.training.seq_len % parallel_dims.seq_len_divisor:
+        raise ValueError(
+            f"seq_len {job_config.training.seq_len} must be divisible by "
+            f"{parallel_dims.seq_len_divisor} (TP degree x 2 x CP degree)"
+        )
+    if parallel_dims.cp_enabled:
+        raise NotImplementedError("context parallelism is not supported by boost_titan models")
+
+    if parallel_dims.tp_enabled:
+        tp_mesh = parallel_dims.get_mesh("tp")
+        apply_tp_plan(
+            plan,
+            model,
+            tp_mesh,
+            loss_parallel=not job_config.parallelism.disable_loss_parallel,
+            job_config=job_config,
+        )
+        maybe_enable_async_tp(job_config, tp_mesh)
+        logger.info(f"Applied tensor-parallel plan {plan!r} (degree {tp_mesh.size()})")
+
+    compile_model = job_config.compile.enable and "model" in job_config.compile.components
+    if job_config.activation_checkpoint.mode != "none":
+        apply_ac(
+            model,
+            job_config.activation_checkpoint,
+            model_compile_enabled=compile_model,
+            op_sac_save_list=_op_sac_save_list,
+            base_folder=job_config.job.dump_folder,
+        )
+    if compile_model:
+        apply_compile(model, job_config.compile)
+
+    if parallel_dims.fsdp_enabled:
+        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        apply_fsdp(
+            model,
+            parallel_dims.get_mesh(names),
+            param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
+            pp_enabled=parallel_dims.pp_enabled,
+            cpu_offload=job_config.training.enable_cpu_offload,
+            reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
+        )
+        fix_fsdp_reduce_for_gloo(model)
+    elif parallel_dims.dp_replicate_enabled:
+        if parallel_dims.world_size != parallel_dims.get_mesh("dp_replicate").size():
+            raise RuntimeError("DDP has not supported > 1D parallelism")
+        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+    return model

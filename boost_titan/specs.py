@@ -1,0 +1,64 @@
+"""Register boost_titan's train specs (and datasets) with torchtitan.
+
+    llama2       dense LLaMA-2 baseline (full-rank TP)
+    svd_llama2   B (A x)
+    cola_llama2  B silu(A x)
+    lax_llama2   CoLA with latent crossing between blocks
+"""
+
+from __future__ import annotations
+
+from torchtitan.components.loss import build_cross_entropy_loss
+from torchtitan.components.lr_scheduler import build_lr_schedulers
+from torchtitan.components.optimizer import build_optimizers
+from torchtitan.components.tokenizer import build_hf_tokenizer
+from torchtitan.components.validate import build_validator
+from torchtitan.distributed.pipeline_parallel import pipeline_llm
+from torchtitan.hf_datasets.text_datasets import build_text_dataloader
+from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
+
+from boost_titan import cpu_runtime, datasets
+from boost_titan.models.flavors import flavors_for
+from boost_titan.models.model import Transformer
+from boost_titan.parallelize import parallelize_boost
+
+MODEL_NAMES = {"llama2": "dense", "svd_llama2": "svd", "cola_llama2": "cola", "lax_llama2": "lax"}
+
+
+class FlavorTable(dict):
+    """Flavor lookup whose KeyError lists the valid flavors."""
+
+    def __init__(self, model_name: str, table):
+        super().__init__(table)
+        self.model_name = model_name
+
+    def __missing__(self, key):
+        raise KeyError(
+            f"unknown flavor {key!r} for model {self.model_name!r}; valid flavors: {sorted(self)}"
+        )
+
+
+def build_train_spec(model_name: str) -> TrainSpec:
+    return TrainSpec(
+        model_cls=Transformer,
+        model_args=FlavorTable(model_name, flavors_for(MODEL_NAMES[model_name])),
+        parallelize_fn=parallelize_boost,
+        pipelining_fn=pipeline_llm,
+        build_optimizers_fn=build_optimizers,
+        build_lr_schedulers_fn=build_lr_schedulers,
+        build_dataloader_fn=build_text_dataloader,
+        build_tokenizer_fn=build_hf_tokenizer,
+        build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=build_validator,
+        build_metrics_processor_fn=cpu_runtime.build_metrics_processor,
+    )
+
+
+def register_all() -> None:
+    for name in MODEL_NAMES:
+        if name not in _extra_train_specs:
+            register_train_spec(name, build_train_spec(name))
+    datasets.register_datasets()
+
+
+register_all()

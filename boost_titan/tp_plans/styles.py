@@ -1,0 +1,55 @@
+"""Small, reusable ParallelStyles used by the BOOST plans."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+
+
+class ShardParameters(ParallelStyle):
+    """Turn a module's parameters into DTensors: ``placements`` by parameter FQN
+    (relative to the module), every other parameter ``Replicate()``. No input/output
+    hooks: modules that run on local shards read them with ``.to_local()``."""
+
+    def __init__(self, placements: dict[str, Placement] | None = None):
+        super().__init__()
+        self.placements = placements or {}
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        unknown = set(self.placements) - {n for n, _ in module.named_parameters()}
+        if unknown:
+            raise ValueError(f"{type(module).__name__} has no parameters {sorted(unknown)}")
+        for fqn, param in list(module.named_parameters()):
+            if isinstance(param, DTensor):
+                continue
+            owner_name, _, pname = fqn.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            placement = self.placements.get(fqn, Replicate())
+            dparam = nn.Parameter(
+                distribute_tensor(param, device_mesh, [placement]),
+                requires_grad=param.requires_grad,
+            )
+            owner.register_parameter(pname, dparam)
+        return module
+
+
+class GatherToReplicate(ParallelStyle):
+    """Run a module (e.g. the final norm) replicated on an input that arrives as a
+    local shard of the last dim: one all-gather in forward, params replicated, the
+    output returned as a local tensor."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from torch.distributed.tensor import Shard
+
+        def input_fn(mod, inputs, mesh):
+            (x,) = inputs
+            return DTensor.from_local(x, mesh, [Shard(-1)], run_check=False).redistribute(
+                mesh, [Replicate()]
+            )
+
+        def output_fn(mod, output, mesh):
+            return output.to_local()
+
+        return distribute_module(module, device_mesh, None, input_fn, output_fn)

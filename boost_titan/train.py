@@ -1,0 +1,83 @@
+"""Entry point: ``torchrun ... -m boost_titan.train --job.config_file X.toml``.
+
+Behaves exactly like ``torchtitan.train`` (same Trainer, same TOML and CLI), plus:
+CPU/gloo support when no GPU is visible, boost_titan's train specs and datasets, and
+the ``[boost]`` config section.
+"""
+
+from __future__ import annotations
+
+from boost_titan import cpu_runtime
+
+cpu_runtime.activate()  # before torchtitan is imported: it fixes device_type at import
+
+import os  # noqa: E402
+
+import torch  # noqa: E402
+from torchtitan.config import ConfigManager, JobConfig  # noqa: E402
+from torchtitan.tools.logging import init_logger, logger  # noqa: E402
+from torchtitan.train import Trainer  # noqa: E402
+
+import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
+from boost_titan import config as boost_config  # noqa: E402
+
+
+def config_class():
+    return ConfigManager._merge_configs(JobConfig, boost_config.JobConfig)
+
+
+def parse_config(args: list[str]):
+    config = ConfigManager(config_cls=config_class()).parse_args(args)
+    check_config(config)
+    return config
+
+
+def check_config(config) -> None:
+    """Fail early, with the valid choices, on a bad model name or flavor."""
+    from torchtitan.models import _supported_models
+    from torchtitan.protocols.train_spec import _extra_train_specs
+
+    boost_config.validate_boost_config(config.boost)
+    name, flavor = config.model.name, config.model.flavor
+    ours = sorted(_extra_train_specs)
+    if name not in _extra_train_specs and name not in _supported_models:
+        raise ValueError(
+            f"unknown model name {name!r}; boost_titan models: {ours}, "
+            f"torchtitan models: {sorted(_supported_models)}"
+        )
+    if name in _extra_train_specs:
+        table = _extra_train_specs[name].model_args
+        if flavor not in table:
+            raise ValueError(
+                f"unknown flavor {flavor!r} for model {name!r}; valid flavors: {sorted(table)}"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    init_logger()
+    config = parse_config(sys.argv[1:] if argv is None else argv)
+    trainer = None
+    try:
+        trainer = Trainer(config)
+        if config.checkpoint.create_seed_checkpoint:
+            if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+                raise ValueError("create a seed checkpoint with a single process (NGPU=1)")
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    except Exception:
+        if trainer:
+            trainer.close()
+        raise
+    else:
+        trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        logger.info("Process group destroyed")
+
+
+if __name__ == "__main__":
+    main()
