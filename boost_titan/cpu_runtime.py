@@ -205,17 +205,21 @@ def build_metrics_processor(job_config, parallel_dims, model_args=None, tag=None
     from torchtitan.components.metrics import MetricsProcessor
     from torchtitan.tools.logging import logger
 
+    if not is_active():
+        return MetricsProcessor(job_config, parallel_dims, tag)
+    from torchtitan.tools import utils as tt_utils
+
+    boost = getattr(job_config, "boost", None)
+    configured = float(getattr(boost, "cpu_peak_flops", 0.0) or 0.0)
+    peak = resolve_peak_flops(configured)
+    # torchtitan looks peak FLOP/s up in a GPU table (and shells out to lspci)
+    tt_utils.get_peak_flops = lambda device_name: peak
     processor = MetricsProcessor(job_config, parallel_dims, tag)
-    if is_active():
-        processor.device_memory_monitor = RSSMemoryMonitor()
-        boost = getattr(job_config, "boost", None)
-        configured = float(getattr(boost, "cpu_peak_flops", 0.0) or 0.0)
-        processor.gpu_peak_flops = resolve_peak_flops(configured)
-        logger.info(
-            f"CPU run: memory metrics are process RSS; MFU uses peak "
-            f"{processor.gpu_peak_flops:.3e} FLOP/s "
-            f"({'configured' if configured > 0 else 'measured fp32 matmul'})"
-        )
+    processor.device_memory_monitor = RSSMemoryMonitor()
+    logger.info(
+        f"CPU run: memory metrics are process RSS; MFU uses peak {peak:.3e} FLOP/s "
+        f"({'configured' if configured > 0 else 'measured fp32 matmul'})"
+    )
     return processor
 
 

@@ -212,6 +212,10 @@ class Transformer(ModelProtocol):
             std = self.model_args.dim**-0.5
             trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
+    def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
+        # causal SDPA needs no mask; torchtitan's validator expects TypeError here
+        raise TypeError("boost_titan models use causal SDPA: no attention masks")
+
     def forward(self, tokens: torch.Tensor, attention_masks=None, positions=None):
         # tokens are hidden states on non-first pipeline stages
         if self.tok_embeddings is not None:

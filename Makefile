@@ -1,0 +1,31 @@
+# Set-up is incremental: the venv is made once (stamp), the corpus only when missing.
+#   make train   train the default debug model (CoLA + BTP, TP2) on the embedded corpus
+#   make test    run the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.boost-installed
+
+.PHONY: setup data train test clean-outputs
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the local CPU wheel here, the CUDA build on GPU machines
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+data: $(STAMP)
+	$(PY) -m boost_titan.data build
+
+train: data
+	NGPU=$${NGPU:-2} ./run_train.sh $(ARGS)
+
+test: data
+	$(PY) -m pytest -q tests $(ARGS)
+
+clean-outputs:
+	rm -rf outputs

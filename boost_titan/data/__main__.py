@@ -1,0 +1,60 @@
+"""``python -m boost_titan.data build|info`` -- build or describe the embedded corpus."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from boost_titan.data.corpus import (
+    DEFAULT_VOCAB_SIZE,
+    ENV_DATA_DIR,
+    CorpusBuildError,
+    build_corpus,
+    default_corpus_dir,
+    format_manifest,
+    read_manifest,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m boost_titan.data", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    out_help = f"corpus folder (default: ${ENV_DATA_DIR} or ./data/boost_corpus)"
+
+    b = sub.add_parser("build", help="fetch the pinned sources, build splits and tokenizer")
+    b.add_argument("--out", default=None, help=out_help)
+    b.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE vocab size (default %(default)s)")
+    b.add_argument("--force", action="store_true", help="rebuild even if the corpus is up to date")
+    b.add_argument("--cache-dir", default=None, help="download cache (default: <out>/../.downloads)")
+
+    i = sub.add_parser("info", help="print the manifest summary")
+    i.add_argument("--out", default=None, help=out_help)
+    i.add_argument("--json", action="store_true", help="print the raw manifest")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    if args.cmd == "build":
+        try:
+            manifest = build_corpus(args.out, vocab_size=args.vocab_size, force=args.force,
+                                    cache_dir=args.cache_dir)
+        except CorpusBuildError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        manifest.pop("_built_now", None)
+        print(format_manifest(manifest))
+        return 0
+
+    out = args.out if args.out is not None else default_corpus_dir()
+    manifest = read_manifest(out)
+    if manifest is None:
+        print(f"no corpus manifest in {out}; run `python -m boost_titan.data build`", file=sys.stderr)
+        return 1
+    print(json.dumps(manifest, indent=2) if args.json else f"{out}\n{format_manifest(manifest)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
