@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed._tools.mod_tracker import ModTracker
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d_functional", "c10d"}
@@ -31,6 +32,17 @@ class CommRecord:
     op: str  # e.g. "all_reduce"
     nbytes: int
     numel: int
+
+
+_C10D_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_base": "all_gather",
+               "reduce_scatter_base": "reduce_scatter", "alltoall": "all_to_all",
+               "alltoall_base": "all_to_all", "allreduce_coalesced": "all_reduce"}
+
+
+def _canonical(name: str) -> str:
+    """functional and c10d spellings of one collective -> one name."""
+    name = name.strip("_")
+    return _C10D_NAMES.get(name, name)
 
 
 def _payload(op: str, args, out) -> tuple[int, int]:
@@ -55,9 +67,13 @@ class CommCounter(TorchDispatchMode):
         self._tracker.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # Modes run before tensor subclasses: let DTensor desugar an op first, so the
+        # collectives it issues inside (redistributions, loss-parallel) come back here.
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
         if func.namespace in _COLLECTIVE_NAMESPACES:
-            op = func.__name__.split(".")[0].rstrip("_")
+            op = _canonical(func.__name__.split(".")[0])
             if op.startswith(_COLLECTIVES):
                 nbytes, numel = _payload(op, args, out)
                 module = max(self._tracker.parents, key=lambda n: (n != "Global", n.count("."), len(n)))
@@ -89,11 +105,38 @@ class CommCounter(TorchDispatchMode):
         rs = [r for r in self.records if phase is None or r.phase == phase]
         return len(rs), sum(r.nbytes for r in rs)
 
+    def report(self) -> dict:
+        """JSON-able figures: totals per phase, per op, and the first block's detail."""
+        totals = {}
+        for phase in ("forward", "backward"):
+            count, nbytes = self.total(phase)
+            totals[f"{phase}_collectives"] = count
+            totals[f"{phase}_bytes"] = nbytes
+        blocks = sorted({_block_of(r.module) for r in self.records} - {None})
+        first = blocks[0] if blocks else None
+        return {
+            "totals": totals,
+            "by_op": {f"{p}/{op}": {"count": c, "bytes": b} for (p, op), (c, b) in self.summary().items()},
+            "block": first,
+            "block_detail": {
+                phase: [{"op": r.op, "bytes": r.nbytes, "numel": r.numel} for r in self.block_records(first, phase)]
+                for phase in ("forward", "backward")
+            } if first else {},
+        }
+
     def format(self) -> str:
         lines = [f"{'phase':9s} {'op':22s} {'count':>6s} {'MiB':>10s}"]
         for (phase, op), (count, nbytes) in self.summary().items():
             lines.append(f"{phase:9s} {op:22s} {count:6d} {nbytes / 2**20:10.3f}")
         return "\n".join(lines)
+
+
+def _block_of(module: str) -> str | None:
+    parts = module.split(".")
+    for i in range(len(parts) - 1):
+        if parts[i] == "layers" and parts[i + 1].isdigit():
+            return f"layers.{parts[i + 1]}"
+    return None
 
 
 def _inside(module: str, prefix: str) -> bool:

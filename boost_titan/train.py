@@ -22,6 +22,39 @@ import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets
 from boost_titan import config as boost_config  # noqa: E402
 
 
+class BoostTrainer(Trainer):
+    """torchtitan's Trainer; ``[boost] log_comm`` counts the collectives of the first
+    forward/backward (count and bytes per op and phase, one block in detail), logs
+    them, writes ``<dump_folder>/comm_stats.json`` and TensorBoard scalars."""
+
+    _comm_logged = False
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+        if self._comm_logged or not self.job_config.boost.log_comm:
+            return super().forward_backward_step(
+                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+            )
+        from boost_titan.comm_stats import CommCounter
+
+        with CommCounter() as counter:
+            loss = super().forward_backward_step(
+                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+            )
+        self._comm_logged = True
+        report = counter.report()
+        logger.info("Collectives of one forward/backward:\n" + counter.format())
+        if torch.distributed.get_rank() == 0:
+            import json
+
+            os.makedirs(self.job_config.job.dump_folder, exist_ok=True)
+            with open(os.path.join(self.job_config.job.dump_folder, "comm_stats.json"), "w") as f:
+                json.dump(report, f, indent=2)
+        self.metrics_processor.logger.log(
+            {f"comm/{k}": v for k, v in report["totals"].items()}, step=self.step
+        )
+        return loss
+
+
 def config_class():
     return ConfigManager._merge_configs(JobConfig, boost_config.JobConfig)
 
@@ -60,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_config(sys.argv[1:] if argv is None else argv)
     trainer = None
     try:
-        trainer = Trainer(config)
+        trainer = BoostTrainer(config)
         if config.checkpoint.create_seed_checkpoint:
             if int(os.environ.get("WORLD_SIZE", "1")) != 1:
                 raise ValueError("create a seed checkpoint with a single process (NGPU=1)")

@@ -12,7 +12,8 @@ ranks. Per block and direction:
     A_down                               r    B_down latent grad         r
 
 Every one of those collectives is in :class:`BTPComm` below; ``ungrouped`` splits them
-per projection, ``sync`` norm adds one statistics all-reduce per norm. Stack ends: the
+per projection, ``sync`` norm adds one statistics all-reduce per norm (and one more
+for its gradient). Stack ends: the
 embedding is sharded on its embedding dim (the d/T slice costs nothing); after the
 last block one all-gather feeds the replicated final norm and a vocab-parallel head
 whose logits go to torchtitan's loss-parallel cross-entropy.
@@ -44,7 +45,9 @@ class BTPComm(LatentComm):
         self.norm_mode = norm_mode
 
     def reduce_stats(self, stats: torch.Tensor) -> torch.Tensor:
-        return _all_reduce(stats, self.mesh)
+        # sync ablation: each rank then normalises its own shard with the total, so the
+        # total's gradient is a partial sum too -- it costs one more all-reduce back.
+        return self.enter_up(_all_reduce(stats, self.mesh))
 
     def reduce_down(self, latent: torch.Tensor, stats: torch.Tensor | None):
         if stats is None:

@@ -1,0 +1,83 @@
+"""Shared helpers for end-to-end tests: run run_train.sh and parse what it logs."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+_STEP = re.compile(
+    r"\[rank(\d+)\]:.*?step:\s*(\d+)\s+loss:\s*([-\d.naninf]+)\s+grad_norm:\s*([-\d.naninf]+)"
+    r"\s+memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)\s+tflops:\s*([\d.]+)\s+mfu:\s*([\d.]+)%"
+)
+_VAL = re.compile(r"\[rank(\d+)\]:.*?validate step:\s*(\d+)\s+loss:\s*([\d.]+)")
+
+
+@dataclass
+class TrainRun:
+    output: str
+    dump_folder: Path
+    # rank -> step -> value
+    loss: dict[int, dict[int, float]] = field(default_factory=dict)
+    grad_norm: dict[int, dict[int, float]] = field(default_factory=dict)
+    memory_gib: dict[int, dict[int, float]] = field(default_factory=dict)
+    tps: dict[int, dict[int, float]] = field(default_factory=dict)
+    mfu: dict[int, dict[int, float]] = field(default_factory=dict)
+    val_loss: dict[int, dict[int, float]] = field(default_factory=dict)
+
+    def losses(self, rank: int | None = None) -> list[float]:
+        """Per-step losses of ``rank`` (default: the first rank that logged a loss)."""
+        rank = min(self.loss) if rank is None else rank
+        return [self.loss[rank][s] for s in sorted(self.loss[rank])]
+
+    def tb_event_files(self) -> list[str]:
+        return glob.glob(str(self.dump_folder / "tb" / "**" / "events.out.tfevents.*"), recursive=True)
+
+
+def run_training(
+    config: str,
+    ngpu: int,
+    dump_folder: Path,
+    *overrides: str,
+    timeout: int = 900,
+    expect_failure: bool = False,
+) -> TrainRun:
+    env = dict(os.environ)
+    env.update(
+        NGPU=str(ngpu),
+        CONFIG_FILE=str(REPO_ROOT / "train_configs" / config),
+        LOG_RANK=",".join(str(r) for r in range(ngpu)),
+        PYTHON=PYTHON,
+    )
+    cmd = [
+        str(REPO_ROOT / "run_train.sh"),
+        "--job.dump_folder", str(dump_folder),
+        "--metrics.disable_color_printing",
+        *overrides,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    out = proc.stdout + proc.stderr
+    if expect_failure:
+        assert proc.returncode != 0, f"run was expected to fail:\n{out[-4000:]}"
+    elif proc.returncode != 0:
+        raise AssertionError(f"training run failed (rc {proc.returncode}):\n{out[-6000:]}")
+    run = TrainRun(output=out, dump_folder=Path(dump_folder))
+    for m in _STEP.finditer(out):
+        rank, step = int(m[1]), int(m[2])
+        run.loss.setdefault(rank, {})[step] = float(m[3])
+        run.grad_norm.setdefault(rank, {})[step] = float(m[4])
+        run.memory_gib.setdefault(rank, {})[step] = float(m[5])
+        run.tps.setdefault(rank, {})[step] = float(m[6].replace(",", ""))
+        run.mfu.setdefault(rank, {})[step] = float(m[8])
+    for m in _VAL.finditer(out):
+        run.val_loss.setdefault(int(m[1]), {})[int(m[2])] = float(m[3])
+    return run

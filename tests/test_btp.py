@@ -1,0 +1,199 @@
+"""BTP exactness, communication and Online-RMSNorm (simulated TP 2/4/8 in one process)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from boost_titan.comm_stats import CommCounter
+from boost_titan.models.bottleneck import SINGLE_DEVICE, Bottleneck, down_group
+from boost_titan.models.flavors import flavors_for
+from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan, validate_tp_degree
+from boost_titan.tp_plans.btp import apply_btp
+
+from tp_sim import fake_world, lm_loss, max_rel_err, reference_model, run_parallel, small_args
+
+GRAD_TOL = 2e-5
+
+
+def _data(args, b=2, s=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, args.vocab_size, (b, s), generator=g)
+    labels = torch.randint(0, args.vocab_size, (b, s), generator=g)
+    return tokens, labels
+
+
+def _btp(norm_mode="online"):
+    return lambda model, mesh: apply_btp(model, mesh, loss_parallel=False, norm_mode=norm_mode)
+
+
+CASES = [
+    # arch, flavor, tp, grouped, norm
+    ("svd", "debugmodel", 2, True, "online"),
+    ("cola", "debugmodel", 4, True, "online"),
+    ("lax", "debugmodel", 8, True, "online"),
+    ("cola", "debugmodel_gqa", 4, True, "online"),
+    ("lax", "debugmodel_gqa", 2, False, "online"),
+    ("svd", "debugmodel", 4, False, "sync"),
+    ("cola", "debugmodel", 8, True, "sync"),
+]
+
+
+@pytest.mark.parametrize("arch,flavor,tp,grouped,norm", CASES)
+def test_btp_matches_single_device(arch, flavor, tp, grouped, norm):
+    args = small_args(flavors_for(arch)[flavor], group_linears=grouped)
+    ref = reference_model(args)
+    tokens, labels = _data(args)
+    ref_loss = lm_loss(ref(tokens), labels)
+    ref_loss.backward()
+
+    loss, grads, _ = run_parallel(ref, tp, _btp(norm), tokens, labels)
+    assert abs(loss.item() - ref_loss.item()) < 1e-5 * abs(ref_loss.item())
+    for name, p in ref.named_parameters():
+        assert max_rel_err(grads[name], p.grad) < GRAD_TOL, name
+
+
+# ----------------------------------------------------------------------------- comms
+def _expected_block(args, b, s, grouped, norm):
+    """Closed form: element counts of one block's collectives, forward and backward,
+    in issue order (fp32 -> 4 bytes each)."""
+    r, rkv = args.rank, args.effective_kv_rank
+    tok = b * s
+    stats = 1 if norm == "online" else 0
+    sync = [tok] if norm == "sync" else []
+    # backward runs the block in reverse: B_down, B_gate/B_up, (ffn stats), B_o,
+    # B_q/B_k/B_v, (attention stats)
+    if grouped:
+        fwd = sync + [tok * (r + 2 * rkv + stats), tok * r] + sync + [tok * (2 * r + stats), tok * r]
+        bwd = [tok * r, tok * 2 * r] + sync + [tok * r, tok * (r + 2 * rkv)] + sync
+    else:
+        fwd = sync + [tok * (r + stats), tok * rkv, tok * rkv, tok * r]
+        fwd += sync + [tok * (r + stats), tok * r, tok * r]
+        bwd = [tok * r, tok * r, tok * r] + sync + [tok * r, tok * rkv, tok * rkv, tok * r] + sync
+    return fwd, bwd
+
+
+@pytest.mark.parametrize(
+    "arch,flavor,tp,b,s,grouped,norm,rank",
+    [
+        ("cola", "debugmodel", 2, 2, 32, True, "online", 64),
+        ("cola", "debugmodel", 4, 1, 16, True, "online", 32),
+        ("svd", "debugmodel_gqa", 2, 2, 16, True, "online", 48),
+        ("lax", "debugmodel", 2, 2, 16, False, "online", 64),
+        ("cola", "debugmodel_gqa", 4, 1, 32, False, "online", 64),
+        ("cola", "debugmodel", 2, 2, 16, True, "sync", 64),
+        ("svd", "debugmodel", 4, 1, 16, False, "sync", 32),
+    ],
+)
+def test_btp_collectives_match_closed_form(arch, flavor, tp, b, s, grouped, norm, rank):
+    args = small_args(flavors_for(arch)[flavor], group_linears=grouped, rank=rank, max_seq_len=s)
+    ref = reference_model(args)
+    tokens, labels = _data(args, b, s)
+    _, _, counter = run_parallel(ref, tp, _btp(norm), tokens, labels, counter_cls=CommCounter)
+    fwd, bwd = _expected_block(args, b, s, grouped, norm)
+    for layer in ("layers.0", "layers.1"):
+        got_f = counter.block_records(layer, "forward")
+        got_b = counter.block_records(layer, "backward")
+        assert [r.op for r in got_f + got_b] == ["all_reduce"] * (len(fwd) + len(bwd)), layer
+        assert [r.numel for r in got_f] == fwd, (layer, "forward")
+        assert [r.numel for r in got_b] == bwd, (layer, "backward")
+        assert sum(r.nbytes for r in got_f) == 4 * sum(fwd)
+    # outside the stack: the final norm's all-gather of [b, s, d] and the replicated
+    # LM head's gather of the logits (loss_parallel=False) forward; in backward the LM
+    # head input's all-reduce. Nothing else.
+    outside_f = [r for r in counter.records if r.phase == "forward" and ".layers." not in r.module + "."]
+    assert sorted((r.op, r.numel) for r in outside_f) == sorted(
+        [("all_gather_into_tensor", b * s * args.dim), ("all_gather_into_tensor", b * s * args.vocab_size)]
+    )
+    outside_b = [r for r in counter.records if r.phase == "backward" and ".layers." not in r.module + "."]
+    assert [(r.op, r.numel) for r in outside_b] == [("all_reduce", b * s * args.dim)]
+
+
+def test_btp_forward_is_four_all_reduces_per_block_at_paper_shape_ratio():
+    """Grouped + online: 4 all-reduces per block forward, 7 b s r elements in all."""
+    args = small_args(flavors_for("cola")["debugmodel"])
+    fwd, bwd = _expected_block(args, 2, 32, True, "online")
+    assert len(fwd) == 4 and len(bwd) == 4
+    assert sum(fwd) == 2 * 32 * (7 * args.rank + 2)
+
+
+# ----------------------------------------------------------------------------- Online-RMSNorm
+@pytest.mark.parametrize("scale", [1e-12, 1e-3, 1.0, 1e3, 1e12])
+@pytest.mark.parametrize("grouped", [True, False])
+def test_online_rmsnorm_equals_rmsnorm_then_linear(scale, grouped):
+    torch.manual_seed(0)
+    d, r = 96, 24
+    norm = torch.nn.RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(d) + 0.5)
+    projs = [Bottleneck(d, d, r, "none") for _ in range(3)]
+    x = torch.randn(2, 5, d, dtype=torch.float64).float() * scale
+    x[0, 0] *= 1e3  # one token far louder than the rest
+    latents = down_group(x, projs, SINGLE_DEVICE, grouped, norm, d)
+    # reference in float64: RMSNorm, then each A
+    x64, g64 = x.double(), norm.weight.double()
+    normed = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * g64
+    for lat, p in zip(latents, projs):
+        expect = normed @ p.down.weight.double().t()
+        assert max_rel_err(lat.double(), expect) < 1e-5
+
+
+@pytest.mark.parametrize("norm_mode", ["online", "sync"])
+def test_online_rmsnorm_sharded_equals_full(norm_mode):
+    """d sharded over 4 simulated ranks, extreme scales: equals the unsharded norm."""
+    args = small_args(flavors_for("svd")["debugmodel"])
+    ref = reference_model(args)
+    tokens, labels = _data(args)
+    with torch.no_grad():  # very loud and very quiet embeddings
+        ref.tok_embeddings.weight[: args.vocab_size // 2] *= 1e6
+        ref.tok_embeddings.weight[args.vocab_size // 2 :] *= 1e-6
+    ref_loss = lm_loss(ref(tokens), labels)
+    ref_loss.backward()
+    loss, grads, _ = run_parallel(ref, 4, _btp(norm_mode), tokens, labels)
+    assert abs(loss.item() - ref_loss.item()) < 1e-5 * abs(ref_loss.item())
+    for name, p in ref.named_parameters():
+        assert max_rel_err(grads[name], p.grad) < 1e-4, name
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_btp_rejects_dense_model_and_fullrank_rejects_low_rank():
+    with pytest.raises(ValueError, match="does not apply to a dense model.*btp|valid plans"):
+        resolve_tp_plan("btp", flavors_for("dense")["debugmodel"])
+    with pytest.raises(ValueError, match="valid plans for it: \\['btp'"):
+        resolve_tp_plan("fullrank", flavors_for("cola")["debugmodel"])
+    assert resolve_tp_plan("auto", flavors_for("lax")["debugmodel"]) == "btp"
+    assert resolve_tp_plan("auto", flavors_for("dense")["debugmodel"]) == "fullrank"
+
+
+@pytest.mark.parametrize(
+    "field,value,tp",
+    [("n_heads", 6, 4), ("n_kv_heads", 2, 4), ("dim", 264, 8), ("ffn_dim", 690, 4), ("vocab_size", 8190, 4)],
+)
+def test_tp_degree_must_divide_shapes(field, value, tp):
+    args = small_args(flavors_for("cola")["debugmodel"])
+    if field == "dim":
+        args.n_heads = 8
+    setattr(args, field, value)
+    with pytest.raises(ValueError, match=f"tensor_parallel_degree {tp} does not divide.*{field}={value}"):
+        validate_tp_degree(args, tp, "btp")
+
+
+def test_bad_degree_fails_before_any_weight_is_allocated():
+    args = small_args(flavors_for("cola")["debugmodel"], n_heads=6, dim=264)
+    with torch.device("meta"):
+        from boost_titan.models.model import Transformer
+
+        model = Transformer(args)
+
+    class _Cfg:
+        class boost:
+            rmsnorm = "online"
+
+    with fake_world(4) as mesh:
+        with pytest.raises(ValueError, match="n_heads=6"):
+            apply_tp_plan("btp", model, mesh, loss_parallel=True, job_config=_Cfg)
+    assert all(p.is_meta for p in model.parameters())
+    assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
