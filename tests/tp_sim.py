@@ -33,9 +33,14 @@ def fake_world(tp: int):
 
 
 def small_args(base: LlamaArgs, **overrides) -> LlamaArgs:
+    """A 2-block, d=128 copy of a debug flavor (heads and kv heads kept): big enough
+    for every shard to be non-trivial at TP 8, small enough for LocalTensorMode."""
     args = copy.deepcopy(base)
     args.n_layers = 2
     args.max_seq_len = 32
+    args.dim, args.ffn_dim, args.vocab_size = 128, 344, 512
+    if args.low_rank:
+        args.rank = 32
     for k, v in overrides.items():
         setattr(args, k, v)
     return args

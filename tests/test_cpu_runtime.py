@@ -1,0 +1,175 @@
+"""boost_titan.cpu_runtime: the CPU/gloo shims for torchtitan 0.2.2.
+
+activate() must precede the first torchtitan import, so every check runs in a fresh
+interpreter and reports back as JSON on its last stdout line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="cpu_runtime is inert when CUDA is present"
+)
+
+
+def run_fresh(code: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# One fresh interpreter for every post-activation check (importing torchtitan costs
+# 10-20 s on this machine); each test below asserts on its part of the report.
+_FRESH_SCRIPT = """
+import gc, json, os, sys, torch
+from torch.profiler import ProfilerActivity
+
+def profile_none():
+    try:
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, None]) as p:
+            torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+        return sorted({e.name for e in p.events()})
+    except TypeError as e:
+        return "TypeError: " + str(e)
+
+report = {}
+report["profile_before"] = profile_none()
+
+from boost_titan import cpu_runtime
+report["torchtitan_imported_early"] = "torchtitan" in sys.modules
+report["before"] = torch._utils._get_available_device_type()
+report["on"] = cpu_runtime.activate()
+report["again"] = cpu_runtime.activate()
+report["active"] = cpu_runtime.is_active()
+report["profile_after"] = profile_none()
+
+from torchtitan.tools import utils
+report.update(
+    device_type=utils.device_type,
+    device_module=utils.device_module is torch.cpu,
+    current_device=torch.cpu.current_device(),
+    current_device_type=type(torch.cpu.current_device()).__name__,
+    name=torch.cpu.get_device_name(),
+    total=torch.cpu.get_device_properties(0).total_memory,
+    stats=torch.cpu.memory_stats(),
+    empty=torch.cpu.empty_cache(),
+)
+
+# ---- RSS monitor
+mon = cpu_runtime.RSSMemoryMonitor()
+GiB = 2**30
+def vm(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024 / GiB
+def d(s):
+    return dict(active=s.max_active_gib, active_pct=s.max_active_pct,
+                reserved=s.max_reserved_gib, reserved_pct=s.max_reserved_pct,
+                retries=s.num_alloc_retries, ooms=s.num_ooms)
+s0 = mon.get_peak_stats()
+ref0 = (vm("VmRSS"), vm("VmHWM"))
+x = torch.ones(50_000_000)  # 200 MB, every page touched
+x.add_(1)
+s1 = mon.get_peak_stats()
+del x
+gc.collect()
+s2 = mon.get_peak_stats()  # freed, peak not reset yet
+mon.reset_peak_stats()
+s3 = mon.get_peak_stats()
+ref3 = (vm("VmRSS"), vm("VmHWM"))
+report["rss"] = dict(s0=d(s0), s1=d(s1), s2=d(s2), s3=d(s3), ref0=ref0, ref3=ref3,
+                     cap=mon.device_capacity_gib)
+
+# ---- peak FLOP/s
+report["measured"] = cpu_runtime.measure_matmul_peak_flops(n=256, seconds=0.2)
+report["configured"] = cpu_runtime.resolve_peak_flops(1.5e12)
+os.environ["BOOST_CPU_PEAK_FLOPS"] = "2.5e11"
+report["from_env"] = cpu_runtime.resolve_peak_flops(0.0)
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict:
+    return run_fresh(_FRESH_SCRIPT)
+
+
+def test_activate_makes_torchtitan_run_on_cpu(fresh):
+    r = fresh
+    assert r["torchtitan_imported_early"] is False  # cpu_runtime must not import torchtitan
+    assert r["before"] is None  # no accelerator: torchtitan alone would pick "cuda"
+    assert r["on"] is True and r["again"] is True and r["active"] is True
+    assert r["device_type"] == "cpu"
+    assert r["device_module"] is True
+    assert r["current_device"] == 0 and r["current_device_type"] == "int"
+    assert r["name"].startswith("CPU")
+    meminfo = Path("/proc/meminfo").read_text().split("\n")[0].split()
+    assert meminfo[0] == "MemTotal:"
+    assert r["total"] == int(meminfo[1]) * 1024
+    assert r["stats"] == {} and r["empty"] is None
+
+
+def test_rss_memory_monitor_tracks_peak(fresh):
+    r = fresh["rss"]
+    s0, s1, s2, s3 = r["s0"], r["s1"], r["s2"], r["s3"]
+    for s in (s0, s1, s2, s3):
+        assert s["active"] > 0 and s["reserved"] > 0
+        assert s["reserved"] >= s["active"]
+        assert s["retries"] == 0 and s["ooms"] == 0
+        assert s["reserved_pct"] == pytest.approx(100 * s["reserved"] / r["cap"])
+    # matches /proc/self/status read independently (RSS moves a little between reads)
+    assert s0["active"] == pytest.approx(r["ref0"][0], abs=0.02)
+    assert s0["reserved"] == pytest.approx(r["ref0"][1], abs=0.02)
+    alloc = 200e6 / 2**30
+    assert s1["active"] - s0["active"] > 0.9 * alloc
+    assert s1["reserved"] - s0["reserved"] > 0.9 * alloc
+    # after freeing: RSS falls, the peak stays until reset
+    assert s2["active"] < s1["active"] - 0.9 * alloc
+    assert s2["reserved"] > s1["reserved"] - 0.01  # kernel RSS counters lag a few KiB
+    # reset: the peak drops back to about the current RSS
+    assert s3["reserved"] < s2["reserved"] - 0.9 * alloc
+    assert s3["reserved"] == pytest.approx(r["ref3"][1], abs=0.02)
+
+
+def test_measure_matmul_peak_flops_and_resolution(fresh):
+    # a CPU core does between ~1e8 and ~1e13 fp32 FLOP/s
+    assert 1e8 < fresh["measured"] < 1e13
+    assert fresh["configured"] == 1.5e12
+    assert fresh["from_env"] == 2.5e11
+
+
+def test_profiler_patch_drops_none_activity(fresh):
+    # unpatched torch refuses None; patched it profiles the CPU ops
+    before, after = fresh["profile_before"], fresh["profile_after"]
+    assert isinstance(before, str) and before.startswith("TypeError")
+    assert isinstance(after, list) and "aten::mm" in after
+
+
+def test_importing_torchtitan_first_raises_clear_error():
+    code = textwrap.dedent(
+        """
+        import torchtitan.tools.utils
+        from boost_titan import cpu_runtime
+        cpu_runtime.activate()
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode != 0
+    assert "RuntimeError" in proc.stderr
+    assert "must run before torchtitan is imported" in proc.stderr
+    assert "'cuda'" in proc.stderr
