@@ -1,0 +1,32 @@
+"""Measure this machine's matmul peak, for MFU on CPU (``[boost] cpu_peak_flops``).
+
+    python -m boost_titan.tools.peak_flops [--threads N] [--n 2048] [--seconds 3]
+
+Run it with the thread count a training rank gets (torchrun gives each of several local
+ranks OMP_NUM_THREADS=1) and put the printed figure in the TOML.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from boost_titan.cpu_runtime import measure_matmul_peak_flops
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--n", type=int, default=1024, help="square matmul size")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    flops = measure_matmul_peak_flops(a.n, getattr(torch, a.dtype), a.seconds)
+    print(f"{a.dtype} {a.n}x{a.n}x{a.n} matmul, {a.threads} thread(s): {flops:.3e} FLOP/s")
+    print(f"[boost]\ncpu_peak_flops = {flops:.3e}")
+
+
+if __name__ == "__main__":
+    main()
