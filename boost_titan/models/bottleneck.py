@@ -107,15 +107,28 @@ class Bottleneck(nn.Module):
 class LatentComm:
     """The collective points of a bottleneck block; identities on a single device.
 
+    ``enter_down``: before a group of down-projections A (vanilla TP: A is
+        column-parallel on a replicated input, so its input gradient is a partial sum).
     ``reduce_down``: after the down-projections A (input d- or f-sharded under BTP, so
         the latent is a partial sum), with the RMSNorm statistics riding along.
     ``enter_up``: before the up-projections B (column-parallel under BTP: the
         backward all-reduce of the latent gradient lives here).
     ``leave_up``: after an up-projection (vanilla TP's output all-reduce).
     ``reduce_stats``: RMSNorm statistics alone (BTP ``sync`` ablation).
+    ``full_latent`` / ``local_latent``: LaX's gate and latent norm need the whole
+        latent; a plan that splits r gathers it and hands B back its slice.
     """
 
     norm_mode = "online"
+
+    def enter_down(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def full_latent(self, latent: torch.Tensor) -> torch.Tensor:
+        return latent
+
+    def local_latent(self, latent: torch.Tensor) -> torch.Tensor:
+        return latent
 
     def reduce_stats(self, stats: torch.Tensor) -> torch.Tensor:
         return stats
@@ -147,6 +160,7 @@ def down_group(
     per-token sum of squares can be reduced together with the partial latent. ``dim``
     is the full hidden size (x may be a d/T shard).
     """
+    x = comm.enter_down(x)
     stats = None
     if norm is not None:
         stats = x.float().pow(2).sum(-1, keepdim=True)

@@ -140,27 +140,37 @@ class LowRankBlock(nn.Module):
 
         # attention chunk: B_q,B_k,B_v -> heads -> A_o ; then B_o
         lat = down_group(x, qkv, comm, grouped, self.attention_norm, self.dim)
-        z_qkv = [p.activate(l, h) for p, l, h in zip(qkv, lat, prev[0:3])]
+        z_qkv, carry_qkv = self._activate(qkv, lat, prev[0:3])
         q, k, v = up_group(z_qkv, qkv, comm, grouped)
         o = a.attend(q, k, v, freqs_cis, positions)
-        (lat_o,) = down_group(o, [a.wo], comm, grouped)
-        z_o = a.wo.activate(lat_o, prev[3])
-        (attn_out,) = up_group([z_o], [a.wo], comm, grouped)
+        lat_o = down_group(o, [a.wo], comm, grouped)
+        z_o, carry_o = self._activate([a.wo], lat_o, prev[3:4])
+        (attn_out,) = up_group(z_o, [a.wo], comm, grouped)
         h = x + attn_out
 
         # MLP chunk: B_gate,B_up -> SwiGLU -> A_down ; then B_down
         lat = down_group(h, gu, comm, grouped, self.ffn_norm, self.dim)
-        z_gu = [p.activate(l, hp) for p, l, hp in zip(gu, lat, prev[4:6])]
+        z_gu, carry_gu = self._activate(gu, lat, prev[4:6])
         gate, up = up_group(z_gu, gu, comm, grouped)
         mid = (F.silu(gate) if self.swiglu else gate) * up
-        (lat_d,) = down_group(mid, [f.w2], comm, grouped)
-        z_d = f.w2.activate(lat_d, prev[6])
-        (ffn_out,) = up_group([z_d], [f.w2], comm, grouped)
+        lat_d = down_group(mid, [f.w2], comm, grouped)
+        z_d, carry_d = self._activate([f.w2], lat_d, prev[6:7])
+        (ffn_out,) = up_group(z_d, [f.w2], comm, grouped)
         out = h + ffn_out
 
         if self.lax:
-            out = torch.cat([out, *z_qkv, z_o, *z_gu, z_d], -1)
+            out = torch.cat([out, *carry_qkv, *carry_o, *carry_gu, *carry_d], -1)
         return out
+
+    def _activate(self, projs, latents, prevs):
+        """act (LaX: after crossing) on each latent; returns (latents for the B's,
+        latents carried to the next block). LaX needs whole latents: a plan that
+        splits r gathers them here and gives the B's back their slices."""
+        if not self.lax:
+            z = [p.activate(l, None) for p, l in zip(projs, latents)]
+            return z, z
+        carry = [p.activate(self.comm.full_latent(l), h) for p, l, h in zip(projs, latents, prevs)]
+        return [self.comm.local_latent(z) for z in carry], carry
 
     def projections(self) -> list[Bottleneck]:
         return [getattr(self.attention, n) for n in ATTN_PROJS] + [
