@@ -1,5 +1,6 @@
-"""BTP on real gloo ranks: loss, every gradient, one AdamW step and a second forward
-equal the single-device model with the same weights (fp32)."""
+"""Every TP plan on real gloo ranks (BTP, and the vanilla / full-rank baselines): loss,
+every gradient, one AdamW step and a second forward equal the single-device model with
+the same weights (fp32)."""
 
 from __future__ import annotations
 
@@ -17,20 +18,19 @@ from torch.distributed.tensor.parallel import loss_parallel
 TP = 2
 
 
-def _worker(rank: int, init_file: str, arch: str, flavor: str, grouped: bool):
+def _worker(rank: int, init_file: str, plan: str, arch: str, flavor: str, grouped: bool):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=TP)
     try:
         from boost_titan.models.flavors import flavors_for
-        from boost_titan.tp_plans.btp import apply_btp
-        from tp_sim import max_rel_err, plain, reference_model, small_args
+        from tp_sim import max_rel_err, plain, plan_fn, reference_model, small_args
 
         mesh = init_device_mesh("cpu", (TP,))
         args = small_args(flavors_for(arch)[flavor], group_linears=grouped)
         ref = reference_model(args, seed=0)  # same seed on every rank: same weights
         par = copy.deepcopy(ref)
-        apply_btp(par, mesh, loss_parallel=True)
+        plan_fn(plan, loss_parallel=True)(par, mesh)
         g = torch.Generator().manual_seed(1)
         batches = [
             (torch.randint(0, args.vocab_size, (2, 32), generator=g),
@@ -69,8 +69,15 @@ def _worker(rank: int, init_file: str, arch: str, flavor: str, grouped: bool):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "arch,flavor,grouped",
-    [("svd", "debugmodel", True), ("cola", "debugmodel_gqa", True), ("lax", "debugmodel", False)],
+    "plan,arch,flavor,grouped",
+    [
+        ("btp", "svd", "debugmodel", True),
+        ("btp", "cola", "debugmodel_gqa", True),
+        ("btp", "lax", "debugmodel", False),
+        ("vanilla", "cola", "debugmodel", True),
+        ("vanilla", "lax", "debugmodel_gqa", True),
+        ("fullrank", "dense", "debugmodel", True),
+    ],
 )
-def test_btp_tp2_real_ranks_with_optimizer_step(tmp_path, arch, flavor, grouped):
-    mp.spawn(_worker, args=(str(tmp_path / "init"), arch, flavor, grouped), nprocs=TP, join=True)
+def test_tp2_real_ranks_with_optimizer_step(tmp_path, plan, arch, flavor, grouped):
+    mp.spawn(_worker, args=(str(tmp_path / "init"), plan, arch, flavor, grouped), nprocs=TP, join=True)

@@ -35,6 +35,16 @@ FAST = ("--validation.no-enable", "--metrics.no-enable-tensorboard")
 FP32 = ("--training.mixed_precision_param", "float32")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_per_rank():
+    """torchrun sets OMP_NUM_THREADS=1 only for >1 process; do the same for one-process
+    runs (faster on a shared 2-core machine, and the same per-rank arithmetic as the
+    two-rank runs)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
 def _check_decrease_20(losses: list[float], arch: str) -> None:
     assert len(losses) == 20, losses
     assert all(l == l and 0 < l < 20 for l in losses), losses  # finite, sane

@@ -87,3 +87,17 @@ def run_parallel(ref: Transformer, tp: int, apply_plan, tokens, labels, counter_
         loss = plain(loss.detach())
         grads = {n: plain(p.grad) for n, p in model.named_parameters()}
     return loss, grads, counter
+
+
+def plan_fn(plan: str, loss_parallel: bool = False, norm_mode: str = "online"):
+    """``apply(model, mesh)`` for a named TP plan."""
+    from torchtitan.models.llama3.infra.parallelize import apply_tp
+
+    from boost_titan.tp_plans.btp import apply_btp
+    from boost_titan.tp_plans.vanilla import apply_vanilla
+
+    return {
+        "btp": lambda m, mesh: apply_btp(m, mesh, loss_parallel, norm_mode=norm_mode),
+        "vanilla": lambda m, mesh: apply_vanilla(m, mesh, loss_parallel),
+        "fullrank": lambda m, mesh: apply_tp(m, mesh, loss_parallel, enable_float8_tensorwise_tp=False),
+    }[plan]

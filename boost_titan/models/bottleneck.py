@@ -160,7 +160,6 @@ def down_group(
     per-token sum of squares can be reduced together with the partial latent. ``dim``
     is the full hidden size (x may be a d/T shard).
     """
-    x = comm.enter_down(x)
     stats = None
     if norm is not None:
         stats = x.float().pow(2).sum(-1, keepdim=True)
@@ -169,6 +168,7 @@ def down_group(
             x = (x.float() * torch.rsqrt(stats / dim + norm.eps)).type_as(x)
             stats = None
         x = x * local(norm.weight)
+    x = comm.enter_down(x)
 
     if grouped:
         weight = torch.cat([local(p.down.weight) for p in projs], 0)
@@ -185,7 +185,7 @@ def down_group(
         scale = torch.rsqrt(stats / dim + norm.eps)
         latents = [(l.float() * scale).type_as(l) for l in latents]
     if grouped:
-        return list(latents[0].split([p.rank for p in projs], -1))
+        return list(latents[0].split([local(p.down.weight).shape[0] for p in projs], -1))
     return latents
 
 
@@ -206,7 +206,7 @@ def up_group(
             for z, p in zip(latents, projs)
         ]
     z = comm.enter_up(torch.cat(latents, -1)) if len(latents) > 1 else comm.enter_up(latents[0])
-    zs = z.split([p.rank for p in projs], -1)
+    zs = z.split([local(p.up.weight).shape[1] for p in projs], -1)  # r, or r/T if split
     outs: list[torch.Tensor] = []
     i = 0
     while i < len(projs):

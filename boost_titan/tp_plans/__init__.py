@@ -1,7 +1,8 @@
 """Tensor-parallel plans, selected by ``[boost] tp_plan``.
 
-    fullrank  dense LLaMA-2: torchtitan's Megatron + sequence-parallel plan
+    fullrank  dense LLaMA-2: torchtitan's Megatron + sequence-parallel plan (baseline)
     btp       low-rank models: bottleneck-aware TP (``btp.py``)
+    vanilla   low-rank models: every factor its own Megatron chunk (``vanilla.py``, baseline)
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from boost_titan.models.args import LlamaArgs
 
-PLANS_FOR = {"dense": ("fullrank",), "svd": ("btp",), "cola": ("btp",), "lax": ("btp",)}
+LOW_RANK_PLANS = ("btp", "vanilla")
+PLANS_FOR = {"dense": ("fullrank",), "svd": LOW_RANK_PLANS, "cola": LOW_RANK_PLANS, "lax": LOW_RANK_PLANS}
 
 
 def resolve_tp_plan(requested: str, args: LlamaArgs) -> str:
@@ -29,19 +31,24 @@ def resolve_tp_plan(requested: str, args: LlamaArgs) -> str:
 
 def validate_tp_degree(args: LlamaArgs, tp: int, plan: str) -> None:
     """Divisibility the plan needs, checked on the meta model (before allocation)."""
-    need = {
-        "n_heads": args.n_heads,
-        "n_kv_heads": args.kv_heads,
-        "dim": args.dim,
-        "ffn_dim": args.ffn_dim,
-        "vocab_size": args.vocab_size,
-    }
+    if plan == "vanilla":  # splits r (every rank) and the vocab; heads stay whole
+        need = {f"rank of {n}": r for n, (_, _, r) in args.projection_shapes().items()}
+        need["vocab_size"] = args.vocab_size
+    else:
+        need = {
+            "n_heads": args.n_heads,
+            "n_kv_heads": args.kv_heads,
+            "dim": args.dim,
+            "ffn_dim": args.ffn_dim,
+            "vocab_size": args.vocab_size,
+        }
     bad = {k: v for k, v in need.items() if v % tp}
     if bad:
         listing = ", ".join(f"{k}={v}" for k, v in bad.items())
         raise ValueError(
             f"tensor_parallel_degree {tp} does not divide {listing} "
-            f"(plan {plan!r} splits heads, kv heads, d, ffn and vocab across ranks); "
+            f"(plan {plan!r} splits {', '.join(dict.fromkeys(k.split(' of ')[0] for k in need))} "
+            f"across ranks); "
             f"choose a degree dividing all of them"
         )
 
@@ -59,5 +66,9 @@ def apply_tp_plan(
         from .btp import apply_btp
 
         apply_btp(model, tp_mesh, loss_parallel, norm_mode=job_config.boost.rmsnorm)
+    elif plan == "vanilla":
+        from .vanilla import apply_vanilla
+
+        apply_vanilla(model, tp_mesh, loss_parallel)
     else:  # resolve_tp_plan guards this
         raise AssertionError(plan)

@@ -24,19 +24,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from boost_titan.models.bottleneck import LatentComm
-from .styles import GatherToReplicate, ShardParameters
-
-
-def _all_reduce(partial: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """Sum a per-rank partial tensor: Partial -> Replicate, one all-reduce.
-
-    Backward is free: the gradient of a replicated sum is the same replicated tensor
-    on every rank (DTensor keeps it Replicate through the Partial source)."""
-    return DTensor.from_local(partial, mesh, [Partial()]).redistribute(mesh, [Replicate()]).to_local()
+from .collectives import all_reduce, all_reduce_grad
+from .styles import ReplicatedModule, ShardParameters
 
 
 class BTPComm(LatentComm):
@@ -47,25 +40,22 @@ class BTPComm(LatentComm):
     def reduce_stats(self, stats: torch.Tensor) -> torch.Tensor:
         # sync ablation: each rank then normalises its own shard with the total, so the
         # total's gradient is a partial sum too -- it costs one more all-reduce back.
-        return self.enter_up(_all_reduce(stats, self.mesh))
+        return all_reduce_grad(all_reduce(stats, self.mesh), self.mesh)
 
     def reduce_down(self, latent: torch.Tensor, stats: torch.Tensor | None):
         if stats is None:
-            return _all_reduce(latent, self.mesh), None
+            return all_reduce(latent, self.mesh), None
         # Online-RMSNorm: the per-token sum of squares rides in the same all-reduce as
         # one extra column. In a bf16 latent it is rounded like the bf16 output of a
         # plain RMSNorm would be (relative 2^-9), so nothing is lost against it.
         r = latent.shape[-1]
-        fused = _all_reduce(torch.cat([latent, stats.to(latent.dtype)], -1), self.mesh)
+        fused = all_reduce(torch.cat([latent, stats.to(latent.dtype)], -1), self.mesh)
         reduced_stats = fused[..., r:].float()
         return fused[..., :r], reduced_stats
 
     def enter_up(self, latent: torch.Tensor) -> torch.Tensor:
-        # identity forward; column-parallel B's input gradient is a partial sum, so
-        # declaring it Partial makes DTensor all-reduce it on the way back.
-        return DTensor.from_local(latent, self.mesh, [Replicate()], run_check=False).to_local(
-            grad_placements=[Partial()]
-        )
+        # column-parallel B: its input gradient is a partial sum
+        return all_reduce_grad(latent, self.mesh)
 
 
 _BOTTLENECK_BTP = ShardParameters({"down.weight": Shard(1), "up.weight": Shard(0)})
@@ -79,7 +69,7 @@ def apply_btp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool, norm_m
         {
             # weight [vocab, d] sharded on d: each rank embeds straight into its d/T slice
             "tok_embeddings": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
-            "norm": GatherToReplicate(),
+            "norm": ReplicatedModule(input_layout=Shard(-1)),
             "output": ColwiseParallel(
                 input_layouts=Replicate(),
                 output_layouts=Shard(-1) if loss_parallel else Replicate(),

@@ -35,17 +35,21 @@ class ShardParameters(ParallelStyle):
         return module
 
 
-class GatherToReplicate(ParallelStyle):
-    """Run a module (e.g. the final norm) replicated on an input that arrives as a
-    local shard of the last dim: one all-gather in forward, params replicated, the
-    output returned as a local tensor."""
+class ReplicatedModule(ParallelStyle):
+    """Run a module (e.g. the final norm) replicated, params ``Replicate()``, output a
+    local tensor. ``input_layout=Shard(-1)``: the input arrives as a local shard of the
+    last dim and is all-gathered first (one collective)."""
+
+    def __init__(self, input_layout: Placement | None = None):
+        super().__init__()
+        self.input_layout = input_layout or Replicate()
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from torch.distributed.tensor import Shard
+        layout = self.input_layout
 
         def input_fn(mod, inputs, mesh):
             (x,) = inputs
-            return DTensor.from_local(x, mesh, [Shard(-1)], run_check=False).redistribute(
+            return DTensor.from_local(x, mesh, [layout], run_check=False).redistribute(
                 mesh, [Replicate()]
             )
 
