@@ -18,11 +18,10 @@ from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
 
 from boost_titan import cpu_runtime, datasets
-from boost_titan.models.flavors import flavors_for
+from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.parallelize import parallelize_boost
 
-MODEL_NAMES = {"llama2": "dense", "svd_llama2": "svd", "cola_llama2": "cola", "lax_llama2": "lax"}
 
 
 class FlavorTable(dict):
@@ -41,7 +40,7 @@ class FlavorTable(dict):
 def build_train_spec(model_name: str) -> TrainSpec:
     return TrainSpec(
         model_cls=Transformer,
-        model_args=FlavorTable(model_name, flavors_for(MODEL_NAMES[model_name])),
+        model_args=FlavorTable(model_name, flavors_for(MODEL_ARCH[model_name])),
         parallelize_fn=parallelize_boost,
         pipelining_fn=pipeline_llm,
         build_optimizers_fn=build_optimizers,
@@ -55,7 +54,7 @@ def build_train_spec(model_name: str) -> TrainSpec:
 
 
 def register_all() -> None:
-    for name in MODEL_NAMES:
+    for name in MODEL_ARCH:
         if name not in _extra_train_specs:
             register_train_spec(name, build_train_spec(name))
     datasets.register_datasets()

@@ -1,0 +1,269 @@
+"""Analytic planner: communication, GEMM shapes / arithmetic intensity and memory of
+every tensor-parallel plan for a model, without running it.
+
+    python -m boost_titan.plan --model cola_llama2 --flavor 7b --tp 4 --batch 4 --seq 4096
+    python -m boost_titan.plan ... --json
+
+Collectives are listed exactly as the plans issue them (tests compare them with the
+counted ones). "Volume" is the all-reduce-equivalent payload the BOOST paper reports:
+an all-reduce of n elements counts n, an all-gather or reduce-scatter of a tensor of n
+elements counts n / 2 (on a ring, all-reduce = reduce-scatter + all-gather).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+
+from boost_titan.models.args import LlamaArgs, kron_factors
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PLANS = ("fullrank", "vanilla", "btp")
+
+
+@dataclass
+class Collective:
+    op: str  # all_reduce | all_gather | reduce_scatter
+    numel: int  # full logical tensor: reduced / gathered output / scattered input
+    what: str
+
+    @property
+    def volume(self) -> float:
+        return self.numel if self.op == "all_reduce" else self.numel / 2
+
+
+@dataclass
+class Gemm:
+    name: str
+    m: int
+    k: int
+    n: int
+
+    def intensity(self, nbytes: int) -> float:
+        return 2 * self.m * self.n * self.k / (nbytes * (self.m * self.k + self.k * self.n + self.m * self.n))
+
+
+@dataclass
+class PlanReport:
+    plan: str
+    valid: bool
+    why_invalid: str = ""
+    forward: list[Collective] = field(default_factory=list)
+    backward: list[Collective] = field(default_factory=list)
+    gemms: list[Gemm] = field(default_factory=list)
+    params_per_rank: int = 0
+    activation_bytes_per_rank: int = 0
+
+
+def block_collectives(args: LlamaArgs, plan: str, tp: int, tokens: int, grouped: bool = True,
+                      norm: str = "online") -> tuple[list[Collective], list[Collective]]:
+    """One block's collectives in issue order, forward and backward."""
+    d, f, kv, q = args.dim, args.ffn_dim, args.kv_dim, args.n_heads * args.head_dim
+    t = tokens
+    if plan == "fullrank":  # torchtitan's Megatron + sequence parallel
+        fwd = [Collective("all_gather", t * d, "attention_norm -> attention"),
+               Collective("reduce_scatter", t * d, "wo"),
+               Collective("all_gather", t * d, "ffn_norm -> feed_forward"),
+               Collective("reduce_scatter", t * d, "w2")]
+        bwd = [Collective("all_gather", t * d, "w2 grad"), Collective("reduce_scatter", t * d, "feed_forward grad"),
+               Collective("all_gather", t * d, "wo grad"), Collective("reduce_scatter", t * d, "attention grad")]
+        return fwd, bwd
+    shapes = args.projection_shapes()
+    r = {n: s[2] for n, s in shapes.items()}
+    if plan == "vanilla":
+        fwd, bwd = [], []
+        lax = args.arch == "lax"
+        outs = {"wq": q, "wk": kv, "wv": kv, "wo": d, "w1": f, "w3": f, "w2": d}
+        for members in (["wq", "wk", "wv"], ["wo"], ["w1", "w3"], ["w2"]):
+            if lax:  # LaX gathers whole latents for its gate and norm
+                fwd += [Collective("all_gather", t * r[n], f"{n} latent for the LaX crossing") for n in members]
+            fwd += [Collective("all_reduce", t * outs[n], f"{n}.up output") for n in members]
+        # backward, in reverse: per A group its input gradient (after the LaX latents' grads)
+        groups = [("w2", f, ["w2"]), ("w1|w3", d, ["w1", "w3"]), ("wo", d, ["wo"]), ("wq|wk|wv", d, ["wq", "wk", "wv"])]
+        for label, width, members in groups:
+            if lax:
+                bwd += [Collective("all_gather", t * r[m], f"{m} latent grad") for m in reversed(members)]
+            bwd.append(Collective("all_reduce", t * width, f"{label}.down input grad"))
+        return fwd, bwd
+    if plan == "btp":
+        s = 1 if norm == "online" else 0
+        sync_f = [Collective("all_reduce", t, "norm statistics")] if norm == "sync" else []
+        sync_b = [Collective("all_reduce", t, "norm statistics grad")] if norm == "sync" else []
+        if grouped:
+            fwd = sync_f + [Collective("all_reduce", t * (r["wq"] + r["wk"] + r["wv"] + s), "A_q|A_k|A_v (+ stats)"),
+                            Collective("all_reduce", t * r["wo"], "A_o")] + sync_f + [
+                Collective("all_reduce", t * (r["w1"] + r["w3"] + s), "A_gate|A_up (+ stats)"),
+                Collective("all_reduce", t * r["w2"], "A_down")]
+            bwd = [Collective("all_reduce", t * r["w2"], "B_down latent grad"),
+                   Collective("all_reduce", t * (r["w1"] + r["w3"]), "B_gate,B_up latent grad")] + sync_b + [
+                Collective("all_reduce", t * r["wo"], "B_o latent grad"),
+                Collective("all_reduce", t * (r["wq"] + r["wk"] + r["wv"]), "B_q,B_k,B_v latent grad")] + sync_b
+        else:
+            fwd = sync_f + [Collective("all_reduce", t * (r["wq"] + s), "A_q (+ stats)"),
+                            Collective("all_reduce", t * r["wk"], "A_k"), Collective("all_reduce", t * r["wv"], "A_v"),
+                            Collective("all_reduce", t * r["wo"], "A_o")] + sync_f + [
+                Collective("all_reduce", t * (r["w1"] + s), "A_gate (+ stats)"),
+                Collective("all_reduce", t * r["w3"], "A_up"), Collective("all_reduce", t * r["w2"], "A_down")]
+            bwd = [Collective("all_reduce", t * r[n], f"{n} latent grad") for n in ("w2", "w3", "w1")] + sync_b + [
+                Collective("all_reduce", t * r[n], f"{n} latent grad") for n in ("wo", "wv", "wk", "wq")] + sync_b
+        return fwd, bwd
+    raise ValueError(f"unknown plan {plan!r}; valid: {list(PLANS)}")
+
+
+def block_gemms(args: LlamaArgs, plan: str, tp: int, tokens: int) -> list[Gemm]:
+    """Per-rank forward GEMMs of one block: [m, k] x [k, n]."""
+    m, T = tokens, tp
+    out = []
+    for name, (din, dout, r) in args.projection_shapes().items():
+        if plan == "fullrank":
+            if name in ("wo", "w2"):
+                out.append(Gemm(name, m, din // T, dout))
+            else:
+                out.append(Gemm(name, m, din, dout // T))
+        elif plan == "vanilla":
+            out += [Gemm(f"{name}.A", m, din, r // T), Gemm(f"{name}.B", m, r // T, dout)]
+        else:
+            out += [Gemm(f"{name}.A", m, din // T, r), Gemm(f"{name}.B", m, r, dout // T)]
+    return out
+
+
+def _params_per_rank(args: LlamaArgs, plan: str, tp: int) -> int:
+    d, V, L = args.dim, args.vocab_size, args.n_layers
+    shapes = args.projection_shapes()
+    if plan == "fullrank":
+        block = sum(i * o for i, o, _ in shapes.values()) // tp + 2 * d
+    else:
+        block = sum(r * (i + o) for i, o, r in shapes.values()) // tp
+        block += 2 * d // tp if plan == "btp" else 2 * d
+        if args.arch == "lax":
+            gate = lambda r: r * r if args.lax_gate == "dense" else sum(x * x for x in kron_factors(r))
+            block += (sum(gate(r) + 2 * r for _, _, r in shapes.values()) * (L - 1)) // L
+    return L * block + 2 * V * d // tp + d
+
+
+def _activation_elems_per_rank(args: LlamaArgs, plan: str, tp: int, tokens: int) -> int:
+    """Estimate, no activation checkpointing: tensors autograd keeps per block (GEMM
+    inputs, attention q/k/v/out, SwiGLU inputs, norm inputs, latents), local shapes."""
+    t, T, d, f = tokens, tp, args.dim, args.ffn_dim
+    q, kv = args.n_heads * args.head_dim, args.kv_dim
+    r = {n: s[2] for n, s in args.projection_shapes().items()}
+    rsum = sum(r.values())
+    if plan == "fullrank":
+        per = t * (d // T * 2 + d * 2 + (q + 2 * kv) // T + q // T + 2 * f // T + f // T)
+    elif plan == "vanilla":
+        # replicated residual/norms/attention/SwiGLU + local latents
+        per = t * (2 * d + 2 * d + q + 2 * kv + q + 2 * f + f + rsum // T)
+    else:
+        per = t * (2 * d // T + 2 * d // T + (q + 2 * kv) // T + q // T + 2 * f // T + f // T + rsum)
+    return args.n_layers * per
+
+
+def analyse(args: LlamaArgs, tp: int, batch: int, seq: int, dtype: str = "bfloat16",
+            grouped: bool = True, norm: str = "online") -> dict:
+    from boost_titan.tp_plans import validate_tp_degree
+
+    nbytes = DTYPE_BYTES[dtype]
+    tokens = batch * seq
+    dense_twin = args.with_overrides(arch="dense", rank=0)
+    reports = {}
+    for plan in PLANS:
+        a = dense_twin if plan == "fullrank" else args
+        if plan != "fullrank" and not args.low_rank:
+            reports[plan] = PlanReport(plan, False, "plan needs a low-rank model")
+            continue
+        rep = PlanReport(plan, True)
+        try:
+            validate_tp_degree(a, tp, plan)
+        except ValueError as e:
+            rep.valid, rep.why_invalid = False, str(e)
+        rep.forward, rep.backward = block_collectives(a, plan, tp, tokens, grouped, norm)
+        rep.gemms = block_gemms(a, plan, tp, tokens)
+        rep.params_per_rank = _params_per_rank(a, plan, tp)
+        rep.activation_bytes_per_rank = _activation_elems_per_rank(a, plan, tp, tokens) * nbytes
+        reports[plan] = rep
+
+    def vol(cs):
+        return sum(c.volume for c in cs) * nbytes
+
+    out = {"model": {"arch": args.arch, "dim": args.dim, "ffn_dim": args.ffn_dim, "n_layers": args.n_layers,
+                     "n_heads": args.n_heads, "n_kv_heads": args.kv_heads, "rank": args.rank,
+                     "kv_rank": args.effective_kv_rank},
+           "tp": tp, "batch": batch, "seq": seq, "dtype": dtype, "plans": {}}
+    for plan, rep in reports.items():
+        entry = {"valid": rep.valid, "why_invalid": rep.why_invalid}
+        if rep.forward or rep.backward:
+            entry.update(
+                block_forward=[asdict(c) for c in rep.forward],
+                block_backward=[asdict(c) for c in rep.backward],
+                block_forward_bytes=vol(rep.forward),
+                block_backward_bytes=vol(rep.backward),
+                step_forward_bytes=vol(rep.forward) * args.n_layers,
+                step_backward_bytes=vol(rep.backward) * args.n_layers,
+                gemms=[dict(asdict(g), intensity=round(g.intensity(nbytes), 1)) for g in rep.gemms],
+                params_per_rank=rep.params_per_rank,
+                activation_bytes_per_rank=rep.activation_bytes_per_rank,
+            )
+        out["plans"][plan] = entry
+    low_rank = [p for p in ("btp", "vanilla") if out["plans"][p]["valid"]]
+    if low_rank:
+        best = min(low_rank, key=lambda p: out["plans"][p]["block_forward_bytes"] + out["plans"][p]["block_backward_bytes"])
+        out["recommended"] = best
+        out["why"] = (f"least communication among valid low-rank plans "
+                      f"({', '.join(low_rank)}); GEMMs keep full reduction dims")
+    else:
+        out["recommended"] = "fullrank" if out["plans"]["fullrank"]["valid"] else None
+        out["why"] = "no low-rank plan applies" if args.low_rank else "dense model"
+    return out
+
+
+def format_report(rep: dict) -> str:
+    mib = 2**20
+    m = rep["model"]
+    lines = [f"{m['arch']} d={m['dim']} f={m['ffn_dim']} L={m['n_layers']} h={m['n_heads']} "
+             f"kv={m['n_kv_heads']} r={m['rank']}  TP={rep['tp']} b={rep['batch']} s={rep['seq']} {rep['dtype']}",
+             f"{'plan':9s} {'fwd/block':>12s} {'bwd/block':>12s} {'fwd/step':>12s} {'colls f/b':>10s} "
+             f"{'params/rank':>13s} {'act/rank':>10s} {'min AI':>7s} {'mean AI':>8s}"]
+    for plan, e in rep["plans"].items():
+        if "block_forward" not in e:
+            lines.append(f"{plan:9s} n/a ({e['why_invalid']})")
+            continue
+        ai = [g["intensity"] for g in e["gemms"]]
+        flag = "" if e["valid"] else "  (invalid: " + e["why_invalid"] + ")"
+        lines.append(
+            f"{plan:9s} {e['block_forward_bytes'] / mib:9.1f}MiB {e['block_backward_bytes'] / mib:9.1f}MiB "
+            f"{e['step_forward_bytes'] / mib:9.0f}MiB {len(e['block_forward']):4d}/{len(e['block_backward']):<5d}"
+            f"{e['params_per_rank'] / 1e6:11.1f}M {e['activation_bytes_per_rank'] / 2**30:8.2f}GiB "
+            f"{min(ai):7.0f} {sum(ai) / len(ai):8.0f}{flag}")
+    lines.append(f"recommended: {rep['recommended']} ({rep['why']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from boost_titan.models.flavors import MODEL_ARCH, flavors_for
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="cola_llama2", choices=sorted(MODEL_ARCH))
+    p.add_argument("--flavor", default="7b")
+    p.add_argument("--tp", type=int, default=4)
+    p.add_argument("--batch", type=int, default=4, help="micro-batch size")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    p.add_argument("--rank", type=int, default=0, help="override the flavor's rank")
+    p.add_argument("--ungrouped", action="store_true")
+    p.add_argument("--rmsnorm", default="online", choices=["online", "sync"])
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    table = flavors_for(MODEL_ARCH[a.model])
+    if a.flavor not in table:
+        p.error(f"unknown flavor {a.flavor!r}; valid: {sorted(table)}")
+    args = table[a.flavor]
+    if a.rank:
+        args = args.with_overrides(rank=a.rank)
+    args.validate()
+    rep = analyse(args, a.tp, a.batch, a.seq, a.dtype, grouped=not a.ungrouped, norm=a.rmsnorm)
+    print(json.dumps(rep, indent=2) if a.json else format_report(rep))
+
+
+if __name__ == "__main__":
+    main()
