@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torchtitan.models.llama3.model.model import apply_rotary_emb
 
 from boost_titan.config import Boost, validate_boost_config
@@ -84,7 +83,8 @@ def ref_causal_attention(q, k, v, n_heads, n_kv, head_dim, freqs_cis):
 def ref_block(x, P, pre, a: LlamaArgs, freqs_cis, prev=None, gate=None):
     """One bottleneck LLaMA block. ``prev``: previous block's latents (LaX crossing)
     by projection name, or None. Returns (output, {name: latent after act})."""
-    act = a.activation
+    act = a.latent_act if a.latent_act != "default" else ("none" if a.arch == "svd" else "silu")
+    n_kv = a.n_kv_heads or a.n_heads
     lat = {}
 
     def proj(name, inp):
@@ -102,7 +102,7 @@ def ref_block(x, P, pre, a: LlamaArgs, freqs_cis, prev=None, gate=None):
 
     xn = ref_rmsnorm(x, P[pre + "attention_norm.weight"], a.norm_eps)
     q, k, v = proj("wq", xn), proj("wk", xn), proj("wv", xn)
-    o = ref_causal_attention(q, k, v, a.n_heads, a.kv_heads, a.head_dim, freqs_cis)
+    o = ref_causal_attention(q, k, v, a.n_heads, n_kv, a.dim // a.n_heads, freqs_cis)
     h = x + proj("wo", o)
     hn = ref_rmsnorm(h, P[pre + "ffn_norm.weight"], a.norm_eps)
     gate_, up = proj("w1", hn), proj("w3", hn)
@@ -276,7 +276,8 @@ def test_lax_two_blocks_match_unrolled_reference(gate, n_kv_heads, act):
     names1 = {n for n, _ in m.layers["1"].named_parameters()}
     assert not any(".cross." in n for n in names0)
     assert sum(n.endswith(".cross.norm.weight") for n in names1) == 7
-    widths = [a.rank] + [a.effective_kv_rank] * 2 + [a.rank] * 4
+    r_kv = 16 if n_kv_heads else 24  # GQA: min(rank 24, kv_dim 32 // 2)
+    widths = [24] + [r_kv] * 2 + [24] * 4
 
     torch.manual_seed(11)
     x = torch.randn(2, 9, a.dim)
