@@ -12,7 +12,7 @@ from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
 from torchtitan.components.optimizer import build_optimizers
 from torchtitan.components.tokenizer import build_hf_tokenizer
-from torchtitan.components.validate import build_validator
+from torchtitan.components.validate import Validator
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
@@ -35,6 +35,27 @@ class FlavorTable(dict):
         raise KeyError(
             f"unknown flavor {key!r} for model {self.model_name!r}; valid flavors: {sorted(self)}"
         )
+
+
+class RepeatableValidator(Validator):
+    """torchtitan's Validator, scoring the same held-out batches at every validation.
+
+    With ``validation.steps`` set, torchtitan keeps one endless validation stream that
+    moves on between passes (and is not checkpointed), so successive validation losses
+    come from different batches and a resumed run scores yet others. Rewinding the
+    stream to its start before each pass makes validation losses comparable."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._start_state = self.validation_dataloader.state_dict()
+
+    def validate(self, model_parts, step):
+        self.validation_dataloader.load_state_dict(self._start_state)
+        return super().validate(model_parts, step)
+
+
+def build_validator(**kwargs) -> Validator:
+    return RepeatableValidator(**kwargs)
 
 
 def build_train_spec(model_name: str) -> TrainSpec:

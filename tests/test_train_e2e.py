@@ -303,3 +303,17 @@ def test_missing_corpus_says_how_to_build(corpus_dir, tmp_path):
     assert "FileNotFoundError" in run.output
     assert str(missing) in run.output
     assert "python -m boost_titan.data build" in run.output
+
+
+@pytest.mark.slow
+def test_validation_scores_the_same_batches_every_time(corpus_dir, tmp_path):
+    """With the learning rate at 0 the model never changes, so every validation pass
+    must report the same loss (torchtitan alone moves its validation stream on)."""
+    run = run_training(
+        "debug_cola.toml", 1, tmp_path / "val",
+        "--training.steps", "4", "--validation.freq", "2",
+        "--optimizer.lr", "0", "--lr_scheduler.warmup_steps", "0",
+    )
+    val = run.val_loss[0]
+    assert sorted(val) == [1, 2, 4]
+    assert len(set(val.values())) == 1, val
