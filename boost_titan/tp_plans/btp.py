@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 
 from boost_titan.models.bottleneck import LatentComm
 from .collectives import all_reduce, all_reduce_grad
-from .styles import ReplicatedModule, ShardParameters
+from .styles import ReplicatedModule, ShardParameters, bottleneck_block_plan
 
 
 class BTPComm(LatentComm):
@@ -78,10 +78,5 @@ def apply_btp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool, norm_m
         },
     )
     for block in model.layers.values():
-        plan = {"attention_norm": _NORM_SHARDED, "ffn_norm": _NORM_SHARDED}
-        for name in ("wq", "wk", "wv", "wo"):
-            plan[f"attention.{name}"] = _BOTTLENECK_BTP
-        for name in ("w1", "w3", "w2"):
-            plan[f"feed_forward.{name}"] = _BOTTLENECK_BTP
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh, bottleneck_block_plan(_NORM_SHARDED, _BOTTLENECK_BTP))
         block.comm = BTPComm(tp_mesh, norm_mode)

@@ -57,3 +57,14 @@ class ReplicatedModule(ParallelStyle):
             return output.to_local()
 
         return distribute_module(module, device_mesh, None, input_fn, output_fn)
+
+
+def bottleneck_block_plan(norm_style: ParallelStyle, bottleneck_style: ParallelStyle) -> dict[str, ParallelStyle]:
+    """parallelize_module plan for one low-rank block: its two norms and seven
+    bottlenecks."""
+    from boost_titan.models.model import ATTN_PROJS, FFN_PROJS
+
+    plan = {"attention_norm": norm_style, "ffn_norm": norm_style}
+    plan.update({f"attention.{n}": bottleneck_style for n in ATTN_PROJS})
+    plan.update({f"feed_forward.{n}": bottleneck_style for n in FFN_PROJS})
+    return plan

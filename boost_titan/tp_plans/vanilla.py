@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from boost_titan.models.bottleneck import LatentComm
 from .collectives import all_gather_last, all_reduce, all_reduce_grad, shard_last
-from .styles import ReplicatedModule, ShardParameters
+from .styles import ReplicatedModule, ShardParameters, bottleneck_block_plan
 
 
 class VanillaComm(LatentComm):
@@ -70,10 +70,5 @@ def apply_vanilla(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) ->
         },
     )
     for block in model.layers.values():
-        plan = {"attention_norm": _REPLICATED, "ffn_norm": _REPLICATED}
-        for name in ("wq", "wk", "wv", "wo"):
-            plan[f"attention.{name}"] = _BOTTLENECK_VANILLA
-        for name in ("w1", "w3", "w2"):
-            plan[f"feed_forward.{name}"] = _BOTTLENECK_VANILLA
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh, bottleneck_block_plan(_REPLICATED, _BOTTLENECK_VANILLA))
         block.comm = VanillaComm(tp_mesh)
