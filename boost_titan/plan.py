@@ -222,7 +222,7 @@ def format_report(rep: dict) -> str:
     m = rep["model"]
     lines = [f"{m['arch']} d={m['dim']} f={m['ffn_dim']} L={m['n_layers']} h={m['n_heads']} "
              f"kv={m['n_kv_heads']} r={m['rank']}  TP={rep['tp']} b={rep['batch']} s={rep['seq']} {rep['dtype']}",
-             f"{'plan':9s} {'fwd/block':>12s} {'bwd/block':>12s} {'fwd/step':>12s} {'colls f/b':>10s} "
+             f"{'plan':9s} {'fwd/block':>12s} {'bwd/block':>12s} {'fwd/stack':>12s} {'colls f/b':>10s} "
              f"{'params/rank':>13s} {'act/rank':>10s} {'min AI':>7s} {'mean AI':>8s}"]
     for plan, e in rep["plans"].items():
         if "block_forward" not in e:
