@@ -10,6 +10,7 @@ TP_PLANS = ("auto", "fullrank", "btp", "vanilla")
 RMSNORM_MODES = ("online", "sync")
 LAX_GATES = ("kron", "dense")
 LATENT_ACTS = ("default", "silu", "none")
+LATENT_CHECKPOINT = ("none", "attention", "mlp", "both")
 
 
 @dataclass
@@ -43,6 +44,17 @@ class Boost:
     """Activation inside the bottleneck: "default" (the architecture's: SiLU for CoLA
     and LaX, none for SVD), "silu" or "none"."""
 
+    latent_checkpoint: str = "none"
+    """Communication-free low-rank activation checkpointing aligned with BTP chunks:
+    keep only the reduced [b, s, r] latents (and the residual stream) and recompute
+    the "attention" chunks (attention_norm + A_qkv, B_qkv -> attention -> A_o), the
+    "mlp" chunks (B_o -> residual -> ffn_norm + A_gate|A_up, B_gate,B_up -> SwiGLU ->
+    A_down), or "both" in backward, without any collective. Needs the btp plan (or no
+    TP) with online RMSNorm, and replaces [activation_checkpoint] mode."""
+
+    latent_checkpoint_every: int = 1
+    """Apply latent checkpointing to every k-th block (block index % k == 0)."""
+
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s used for MFU on CPU runs (0: measure an fp32 matmul at start-up).
     `python -m boost_titan.tools.peak_flops` prints this machine's figure."""
@@ -68,6 +80,9 @@ def validate_boost_config(boost: Boost) -> None:
     _check("rmsnorm", boost.rmsnorm, RMSNORM_MODES)
     _check("lax_gate", boost.lax_gate, LAX_GATES)
     _check("latent_act", boost.latent_act, LATENT_ACTS)
+    _check("latent_checkpoint", boost.latent_checkpoint, LATENT_CHECKPOINT)
+    if boost.latent_checkpoint_every < 1:
+        raise ValueError(f"[boost] latent_checkpoint_every = {boost.latent_checkpoint_every} must be >= 1")
     if boost.rank < 0:
         raise ValueError(f"[boost] rank = {boost.rank} must be >= 0 (0 = flavor default)")
     if boost.kv_rank < 0:

@@ -43,6 +43,11 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         maybe_enable_async_tp(job_config, tp_mesh)
         logger.info(f"Applied tensor-parallel plan {plan!r} (degree {tp_mesh.size()})")
 
+    apply_latent_checkpointing(
+        model, job_config.boost.latent_checkpoint, job_config.boost.latent_checkpoint_every,
+        plan=plan if parallel_dims.tp_enabled else None, norm_mode=job_config.boost.rmsnorm,
+        torchtitan_ac=job_config.activation_checkpoint.mode,
+    )
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
     if job_config.activation_checkpoint.mode != "none":
         apply_ac(
@@ -72,3 +77,32 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             raise RuntimeError("DDP has not supported > 1D parallelism")
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model
+
+
+_LATENT_CHUNKS = {"none": (), "attention": ("attention",), "mlp": ("mlp",), "both": ("attention", "mlp")}
+
+
+def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, plan: str | None = None,
+                               norm_mode: str = "online", torchtitan_ac: str = "none") -> None:
+    """Mark which low-rank blocks recompute which chunks in backward (see
+    ``LowRankBlock.forward``): only chunk bodies without forward collectives are
+    recomputed, so backward communicates exactly as without checkpointing."""
+    if mode == "none":
+        return
+    args = model.model_args
+    problems = []
+    if not args.low_rank:
+        problems.append("the model is dense (latent checkpointing needs bottleneck blocks)")
+    if plan not in (None, "btp"):
+        problems.append(f"tp_plan {plan!r} communicates inside its chunks; use btp, or "
+                        "[activation_checkpoint] mode = 'full' for the baselines")
+    if plan == "btp" and norm_mode != "online":
+        problems.append("rmsnorm = 'sync' all-reduces inside the norm; use 'online'")
+    if torchtitan_ac != "none":
+        problems.append(f"[activation_checkpoint] mode = {torchtitan_ac!r} is also set; use one of the two")
+    if problems:
+        raise ValueError(f"[boost] latent_checkpoint = {mode!r}: " + "; ".join(problems))
+    for layer_id, block in model.layers.items():
+        if block is not None and int(layer_id) % every == 0:
+            block.checkpointed_chunks = frozenset(_LATENT_CHUNKS[mode])
+    logger.info(f"Latent (communication-free) checkpointing: {mode} chunks, every {every} block(s)")

@@ -27,6 +27,7 @@ def test_cola_btp_tp2_matches_single_process(corpus_dir, tmp_path):
     )
     single = run_training("debug_cola.toml", 1, tmp_path / "single", *load)
     btp = run_training("debug_cola_btp_tp2.toml", 2, tmp_path / "btp", *load, "--boost.log_comm")
+    ckpt = run_training("debug_cola_btp_tp2.toml", 2, tmp_path / "ckpt", *load, "--boost.latent_checkpoint", "both")
 
     ref, got = single.losses(), btp.losses(0)
     assert len(ref) == len(got) == STEPS
@@ -35,6 +36,8 @@ def test_cola_btp_tp2_matches_single_process(corpus_dir, tmp_path):
         assert abs(a - b) <= 2e-4 * a, (step, a, b)  # measured: <= 2e-5
     assert sum(got[-3:]) / 3 < got[0] - 1.0  # it learns
     assert btp.loss[0] == btp.loss[1]  # both TP ranks report the same loss
+    # latent checkpointing recomputes bit for bit: the same curve to the last digit
+    assert ckpt.loss[0] == btp.loss[0] and ckpt.grad_norm[0] == btp.grad_norm[0]
 
     # --boost.log_comm wrote the first step's collectives; per block they are the
     # 4 forward + 4 backward all-reduces of widths 3r+1, r, 2r+1, r (closed form)

@@ -36,6 +36,7 @@ def _worker(rank: int, init_file: str):
         mesh = init_device_mesh("cpu", (TP,))
         for case in CASES:
             _check_case(mesh, *case)
+        _check_latent_checkpoint(mesh)
     finally:
         dist.destroy_process_group()
 
@@ -82,7 +83,34 @@ def _check_case(mesh, plan: str, arch: str, flavor: str, grouped: bool):
             assert err <= 1e-5 * p.detach().abs().max().item() + 1e-7, (plan, arch, step, name, err)
 
 
+def _check_latent_checkpoint(mesh):
+    """BTP with latent checkpointing: bitwise the gradients of BTP without it, and the
+    same collectives in the same order, on real ranks."""
+    from boost_titan.comm_stats import CommCounter
+    from boost_titan.models.flavors import flavors_for
+    from boost_titan.parallelize import apply_latent_checkpointing
+    from tp_sim import plain, plan_fn, reference_model, small_args
+
+    args = small_args(flavors_for("lax")["debugmodel"])
+    ref = reference_model(args, seed=0)
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, args.vocab_size, (2, 32), generator=g)
+    runs = {}
+    for mode in ("none", "both"):
+        model = copy.deepcopy(ref)
+        plan_fn("btp", loss_parallel=True)(model, mesh)
+        apply_latent_checkpointing(model, mode, plan="btp")
+        with CommCounter() as counter, loss_parallel():
+            loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            loss.backward()
+        runs[mode] = ([plain(p.grad) for p in model.parameters()],
+                      [(r.phase, r.op, r.numel) for r in counter.records])
+    assert all(torch.equal(a, b) for a, b in zip(runs["none"][0], runs["both"][0]))
+    assert runs["none"][1] == runs["both"][1]
+
+
 @pytest.mark.slow
 def test_tp2_real_ranks_with_optimizer_step(tmp_path):
-    """btp (svd, cola GQA, lax ungrouped), vanilla (cola, lax GQA), fullrank (dense)."""
+    """btp (svd, cola GQA, lax ungrouped), vanilla (cola, lax GQA), fullrank (dense);
+    then BTP with latent checkpointing vs without (bitwise, same collectives)."""
     mp.spawn(_worker, args=(str(tmp_path / "init"),), nprocs=TP, join=True)

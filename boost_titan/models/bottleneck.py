@@ -160,6 +160,14 @@ def down_group(
     per-token sum of squares can be reduced together with the partial latent. ``dim``
     is the full hidden size (x may be a d/T shard).
     """
+    partials, stats = down_partial(x, projs, comm, grouped, norm, dim)
+    return down_reduce(partials, stats, projs, comm, norm, dim)
+
+
+def down_partial(x, projs, comm, grouped, norm=None, dim=0):
+    """The local half of ``down_group``: per-rank partial latents (one tensor when
+    grouped) and the norm's partial statistics. No forward collective in online mode,
+    so it can be recomputed in backward for free (latent checkpointing)."""
     stats = None
     if norm is not None:
         stats = x.float().pow(2).sum(-1, keepdim=True)
@@ -169,22 +177,25 @@ def down_group(
             stats = None
         x = x * local(norm.weight)
     x = comm.enter_down(x)
-
     if grouped:
         weight = torch.cat([local(p.down.weight) for p in projs], 0)
-        latent, stats = comm.reduce_down(F.linear(x, weight), stats)
-        latents = [latent]
-    else:
-        latents, pending = [], stats
-        for p in projs:  # the statistics ride with the first A's all-reduce
-            latent, reduced = comm.reduce_down(F.linear(x, local(p.down.weight)), pending)
-            if pending is not None:
-                stats, pending = reduced, None
-            latents.append(latent)
+        return [F.linear(x, weight)], stats
+    return [F.linear(x, local(p.down.weight)) for p in projs], stats
+
+
+def down_reduce(partials, stats, projs, comm, norm=None, dim=0) -> list[torch.Tensor]:
+    """The collective half of ``down_group``: reduce the partial latents (statistics
+    ride with the first), then apply the norm's scale."""
+    latents, pending = [], stats
+    for partial in partials:
+        latent, reduced = comm.reduce_down(partial, pending)
+        if pending is not None:
+            stats, pending = reduced, None
+        latents.append(latent)
     if norm is not None and comm.norm_mode == "online":
         scale = torch.rsqrt(stats / dim + norm.eps)
         latents = [(l.float() * scale).type_as(l) for l in latents]
-    if grouped:
+    if len(latents) == 1 and len(projs) > 1:  # grouped: one latent for all A's
         return list(latents[0].split([local(p.down.weight).shape[0] for p in projs], -1))
     return latents
 

@@ -25,7 +25,17 @@ from torchtitan.models.utils import trunc_normal_
 from torchtitan.protocols.train_spec import ModelProtocol
 
 from .args import LlamaArgs
-from .bottleneck import SINGLE_DEVICE, Bottleneck, LatentComm, LatentCross, down_group, up_group
+from torch.utils.checkpoint import checkpoint
+
+from .bottleneck import (
+    SINGLE_DEVICE,
+    Bottleneck,
+    LatentComm,
+    LatentCross,
+    down_partial,
+    down_reduce,
+    up_group,
+)
 
 # LLaMA-2 has no RoPE frequency scaling; factor 1 makes llama3's rule the identity.
 _NO_ROPE_SCALING = RoPEScalingArgs(scaling_factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0)
@@ -119,6 +129,8 @@ class LowRankBlock(nn.Module):
         self.grouped = args.group_linears
         self.lax = args.arch == "lax"
         self.comm: LatentComm = SINGLE_DEVICE
+        # latent checkpointing: chunks ("attention", "mlp") recomputed in backward
+        self.checkpointed_chunks: frozenset[str] = frozenset()
         projs = {}
         for name, (din, dout, r) in args.projection_shapes().items():
             cross = None
@@ -135,32 +147,59 @@ class LowRankBlock(nn.Module):
         prev: list[torch.Tensor | None] = [None] * len(PROJ_ORDER)
         if self.lax:
             x, *prev = x.split([x.shape[-1] - sum(self.latent_widths)] + self.latent_widths, -1)
-        comm, grouped, a, f = self.comm, self.grouped, self.attention, self.feed_forward
+        comm, a, f = self.comm, self.attention, self.feed_forward
         qkv, gu = [a.wq, a.wk, a.wv], [f.w1, f.w3]
+        run = self._run
 
-        # attention chunk: B_q,B_k,B_v -> heads -> A_o ; then B_o
-        lat = down_group(x, qkv, comm, grouped, self.attention_norm, self.dim)
-        z_qkv, carry_qkv = self._activate(qkv, lat, prev[0:3])
-        q, k, v = up_group(z_qkv, qkv, comm, grouped)
-        o = a.attend(q, k, v, freqs_cis, positions)
-        lat_o = down_group(o, [a.wo], comm, grouped)
-        z_o, carry_o = self._activate([a.wo], lat_o, prev[3:4])
-        (attn_out,) = up_group(z_o, [a.wo], comm, grouped)
-        h = x + attn_out
-
-        # MLP chunk: B_gate,B_up -> SwiGLU -> A_down ; then B_down
-        lat = down_group(h, gu, comm, grouped, self.ffn_norm, self.dim)
-        z_gu, carry_gu = self._activate(gu, lat, prev[4:6])
-        gate, up = up_group(z_gu, gu, comm, grouped)
-        mid = (F.silu(gate) if self.swiglu else gate) * up
-        lat_d = down_group(mid, [f.w2], comm, grouped)
-        z_d, carry_d = self._activate([f.w2], lat_d, prev[6:7])
-        (ffn_out,) = up_group(z_d, [f.w2], comm, grouped)
+        # Chunks end where a partial latent is reduced (down_reduce: the collective).
+        # attention chunk: attention_norm + A_q|A_k|A_v ... B_q,B_k,B_v -> heads -> A_o
+        parts, stats = run("attention", self._entry, x)
+        z_qkv, carry_qkv = self._activate(qkv, down_reduce(parts, stats, qkv, comm, self.attention_norm, self.dim), prev[0:3])
+        parts = run("attention", self._attention, freqs_cis, positions, *z_qkv)
+        z_o, carry_o = self._activate([a.wo], down_reduce(parts, None, [a.wo], comm), prev[3:4])
+        # MLP chunk: B_o -> residual -> ffn_norm + A_gate|A_up ... B_gate,B_up -> SwiGLU -> A_down
+        h, parts, stats = run("mlp", self._ffn_entry, x, *z_o)
+        z_gu, carry_gu = self._activate(gu, down_reduce(parts, stats, gu, comm, self.ffn_norm, self.dim), prev[4:6])
+        parts = run("mlp", self._mlp, *z_gu)
+        z_d, carry_d = self._activate([f.w2], down_reduce(parts, None, [f.w2], comm), prev[6:7])
+        (ffn_out,) = up_group(z_d, [f.w2], comm, self.grouped)
         out = h + ffn_out
 
         if self.lax:
             out = torch.cat([out, *carry_qkv, *carry_o, *carry_gu, *carry_d], -1)
         return out
+
+    # The chunk bodies: local compute only (no forward collective), so latent
+    # checkpointing can recompute them in backward without communicating.
+    def _entry(self, x):
+        a = self.attention
+        return down_partial(x, [a.wq, a.wk, a.wv], self.comm, self.grouped, self.attention_norm, self.dim)
+
+    def _attention(self, freqs_cis, positions, *z_qkv):
+        a = self.attention
+        q, k, v = up_group(list(z_qkv), [a.wq, a.wk, a.wv], self.comm, self.grouped)
+        o = a.attend(q, k, v, freqs_cis, positions)
+        parts, _ = down_partial(o, [a.wo], self.comm, self.grouped)
+        return parts
+
+    def _ffn_entry(self, x, *z_o):
+        f = self.feed_forward
+        (attn_out,) = up_group(list(z_o), [self.attention.wo], self.comm, self.grouped)
+        h = x + attn_out
+        parts, stats = down_partial(h, [f.w1, f.w3], self.comm, self.grouped, self.ffn_norm, self.dim)
+        return h, parts, stats
+
+    def _mlp(self, *z_gu):
+        f = self.feed_forward
+        gate, up = up_group(list(z_gu), [f.w1, f.w3], self.comm, self.grouped)
+        mid = (F.silu(gate) if self.swiglu else gate) * up
+        parts, _ = down_partial(mid, [f.w2], self.comm, self.grouped)
+        return parts
+
+    def _run(self, chunk: str, fn, *args):
+        if chunk not in self.checkpointed_chunks:
+            return fn(*args)
+        return checkpoint(fn, *args, use_reentrant=False)
 
     def _activate(self, projs, latents, prevs):
         """act (LaX: after crossing) on each latent; returns (latents for the B's,
