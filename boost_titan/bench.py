@@ -33,14 +33,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 VARIANTS = {
-    # name: (architecture, plan, group_linears, rmsnorm)
-    "btp": ("cola", "btp", True, "online"),
-    "vanilla": ("cola", "vanilla", True, "online"),
-    "fullrank (dense twin)": ("dense", "fullrank", True, "online"),
-    "btp ungrouped": ("cola", "btp", False, "online"),
-    "btp sync-norm": ("cola", "btp", True, "sync"),
+    # name: (architecture, plan, group_linears, rmsnorm, activation checkpointing)
+    "btp": ("cola", "btp", True, "online", "none"),
+    "vanilla": ("cola", "vanilla", True, "online", "none"),
+    "fullrank (dense twin)": ("dense", "fullrank", True, "online", "none"),
+    "btp ungrouped": ("cola", "btp", False, "online", "none"),
+    "btp sync-norm": ("cola", "btp", True, "sync", "none"),
+    "btp latent-ckpt": ("cola", "btp", True, "online", "latent"),
+    "btp full-ac": ("cola", "btp", True, "online", "full"),
+    "vanilla full-ac": ("cola", "vanilla", True, "online", "full"),
 }
-MAIN = ("btp", "vanilla", "fullrank (dense twin)")
+DEFAULT_VARIANTS = ("btp", "vanilla", "fullrank (dense twin)", "btp ungrouped", "btp sync-norm")
+AC_VARIANTS = ("btp", "btp latent-ckpt", "btp full-ac", "vanilla", "vanilla full-ac")
 
 
 @dataclass
@@ -67,6 +71,7 @@ class VariantResult:
     bytes_per_step: int = 0
     collectives_per_step: int = 0
     peak_step_mem_bytes: int = 0
+    saved_activation_bytes: int = 0
     param_bytes_per_rank: int = 0
 
 
@@ -98,7 +103,7 @@ def _build(name: str, shape: Shape, mesh, device):
     from boost_titan.tp_plans.btp import apply_btp
     from boost_titan.tp_plans.vanilla import apply_vanilla
 
-    arch, plan, grouped, norm = VARIANTS[name]
+    arch, plan, grouped, norm, ac = VARIANTS[name]
     args = LlamaArgs(dim=shape.dim, n_layers=shape.n_layers, n_heads=shape.n_heads, ffn_dim=shape.ffn_dim,
                      vocab_size=shape.vocab_size, max_seq_len=shape.seq, arch=arch,
                      rank=shape.rank if arch != "dense" else 0, norm_eps=1e-6, group_linears=grouped)
@@ -113,6 +118,15 @@ def _build(name: str, shape: Shape, mesh, device):
         from torchtitan.models.llama3.infra.parallelize import apply_tp
 
         apply_tp(model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=False)
+    if ac == "latent":
+        from boost_titan.parallelize import apply_latent_checkpointing
+
+        apply_latent_checkpointing(model, "both", plan=plan, norm_mode=norm)
+    elif ac == "full":  # torchtitan's full AC: every block recomputed whole
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for layer_id, block in list(model.layers.named_children()):
+            model.layers.register_module(layer_id, checkpoint_wrapper(block, preserve_rng_state=False))
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=device)
@@ -132,6 +146,36 @@ def _step(model, opt, tokens, labels):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss
+
+
+def _saved_activation_bytes(model, tokens, labels) -> int:
+    """Bytes autograd keeps from forward to backward, parameters excluded: the memory
+    activation checkpointing trades for recompute (exact, unlike RSS)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    owned = set()
+    for p in list(model.parameters()) + list(model.buffers()):
+        t = p.to_local() if isinstance(p, DTensor) else p
+        owned.add(t.untyped_storage().data_ptr())
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        local_t = t.to_local() if isinstance(t, DTensor) else t
+        try:
+            ptr = local_t.untyped_storage().data_ptr()
+        except RuntimeError:  # wrapper subclasses (async collective results) own no storage
+            ptr = None
+        if ptr not in owned:
+            total += local_t.numel() * local_t.element_size()
+        return t
+
+    with loss_parallel():
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
+        loss.backward()
+    return total
 
 
 def _sync(device):
@@ -194,6 +238,8 @@ def _worker(rank: int, world: int, cfg: dict, out_dir: str):
                 results[n].peak_step_mem_bytes = max(results[n].peak_step_mem_bytes, peak)
     for n in names:  # instrumented steps: collective counts/bytes and time
         model, opt, _ = built[n]
+        results[n].saved_activation_bytes = _saved_activation_bytes(model, tokens, labels)
+        opt.zero_grad(set_to_none=True)
         with CommCounter() as counter:
             _step(model, opt, tokens, labels)
         results[n].collectives_per_step, results[n].bytes_per_step = counter.total()
@@ -228,6 +274,7 @@ def summarise(raw: dict, shape: Shape, world: int, device: str) -> dict:
             "bytes_per_step": r["bytes_per_step"],
             "collectives_per_step": r["collectives_per_step"],
             "peak_step_mem_mib": r["peak_step_mem_bytes"] / 2**20,
+            "saved_activation_mib": r["saved_activation_bytes"] / 2**20,
             "param_mib_per_rank": r["param_bytes_per_rank"] / 2**20,
         }
     v = out["variants"]
@@ -241,6 +288,19 @@ def summarise(raw: dict, shape: Shape, world: int, device: str) -> dict:
         ratios["grouping_speedup"] = v["btp ungrouped"]["step_time_median_s"] / v["btp"]["step_time_median_s"]
     if "btp sync-norm" in v:
         ratios["online_vs_sync_speedup"] = v["btp sync-norm"]["step_time_median_s"] / v["btp"]["step_time_median_s"]
+    # activation checkpointing efficiency: activation memory saved per ms added
+    eff = {}
+    for ac_name, base in (("btp latent-ckpt", "btp"), ("btp full-ac", "btp"), ("vanilla full-ac", "vanilla")):
+        if ac_name in v and base in v:
+            saved_mb = (v[base]["saved_activation_mib"] - v[ac_name]["saved_activation_mib"]) * 2**20 / 1e6
+            added_ms = 1e3 * (v[ac_name]["step_time_median_s"] - v[base]["step_time_median_s"])
+            eff[ac_name] = {"saved_mb": saved_mb, "added_ms": added_ms,
+                            "mb_per_ms": saved_mb / added_ms if added_ms > 0 else float("inf")}
+    if eff:
+        out["checkpoint_efficiency"] = eff
+        if "btp latent-ckpt" in eff and "vanilla full-ac" in eff:
+            ratios["latent_ckpt_vs_vanilla_full_ac_efficiency"] = (
+                eff["btp latent-ckpt"]["mb_per_ms"] / eff["vanilla full-ac"]["mb_per_ms"])
     out["ratios"] = ratios
     return out
 
@@ -251,16 +311,20 @@ def markdown(summary: dict) -> str:
         f"TP{summary['tp']} on {summary['device']}; d={s['dim']} f={s['ffn_dim']} heads={s['n_heads']} "
         f"r={s['rank']} layers={s['n_layers']} vocab={s['vocab_size']}, batch {s['batch']} x seq {s['seq']}, fp32",
         "",
-        "| variant | step time median (min-max) | tokens/s | comm share | MiB comm/step | collectives/step | peak step mem MiB/rank | params MiB/rank |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | step time median (min-max) | tokens/s | comm share | MiB comm/step | collectives/step | saved activations MiB/rank | peak step RSS rise MiB/rank | params MiB/rank |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n, v in summary["variants"].items():
         lines.append(
             f"| {n} | {v['step_time_median_s']:.3f} s ({v['step_time_min_s']:.3f}-{v['step_time_max_s']:.3f}) "
             f"| {v['tokens_per_s']:.0f} | {100 * v['comm_share']:.1f}% | {v['bytes_per_step'] / 2**20:.1f} "
-            f"| {v['collectives_per_step']} | {v['peak_step_mem_mib']:.0f} | {v['param_mib_per_rank']:.1f} |"
+            f"| {v['collectives_per_step']} | {v['saved_activation_mib']:.0f} | {v['peak_step_mem_mib']:.0f} "
+            f"| {v['param_mib_per_rank']:.1f} |"
         )
     lines.append("")
+    for n, e in summary.get("checkpoint_efficiency", {}).items():
+        lines.append(f"- {n}: saves {e['saved_mb']:.0f} MB of activations for +{e['added_ms']:.0f} ms "
+                     f"= {e['mb_per_ms']:.2f} MB/ms")
     for k, val in summary["ratios"].items():
         lines.append(f"- {k}: **{val:.2f}x**")
     return "\n".join(lines) + "\n"
@@ -354,7 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--comm-steps", type=int, default=1, help="instrumented steps for the comm share")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(VARIANTS)}")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"comma list of {list(VARIANTS)}, or 'ac' for the checkpointing set")
     for k, v in Shape().__dict__.items():
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     p.add_argument("--gemm", action="store_true", help="single-device GEMM mode (7B/TP4 shapes)")
@@ -376,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     shape = SMOKE if a.smoke else Shape(**{k: getattr(a, k) for k in Shape().__dict__})
-    names = [n.strip() for n in a.variants.split(",")]
+    names = list(AC_VARIANTS) if a.variants == "ac" else [n.strip() for n in a.variants.split(",")]
     unknown = set(names) - set(VARIANTS)
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; valid: {list(VARIANTS)}")
