@@ -184,12 +184,6 @@ def _sync(device):
     dist.barrier()
 
 
-def _rss():
-    from boost_titan.cpu_runtime import current_rss_bytes, peak_rss_bytes, reset_peak_rss
-
-    return current_rss_bytes, peak_rss_bytes, reset_peak_rss
-
-
 def _worker(rank: int, world: int, cfg: dict, out_dir: str):
     from boost_titan import cpu_runtime
 
@@ -214,7 +208,9 @@ def _worker(rank: int, world: int, cfg: dict, out_dir: str):
     tokens = torch.randint(0, shape.vocab_size, (shape.batch, shape.seq), generator=g).to(device)
     labels = torch.randint(0, shape.vocab_size, (shape.batch, shape.seq), generator=g).to(device)
     results = {n: VariantResult(n, param_bytes_per_rank=built[n][2]) for n in names}
-    cur_rss, peak_rss, reset_rss = _rss()
+    from boost_titan.cpu_runtime import current_rss_bytes as cur_rss, peak_rss_bytes as peak_rss
+    from boost_titan.cpu_runtime import reset_peak_rss as reset_rss
+
 
     for n in names:  # warm-up, outside the timed region
         for _ in range(cfg["warmup"]):
