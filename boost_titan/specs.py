@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
 from torchtitan.components.optimizer import build_optimizers
 from torchtitan.components.tokenizer import build_hf_tokenizer
@@ -18,6 +17,7 @@ from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
 
 from boost_titan import cpu_runtime, datasets
+from boost_titan.pipeline import build_loss_fn
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.parallelize import parallelize_boost
@@ -68,7 +68,7 @@ def build_train_spec(model_name: str) -> TrainSpec:
         build_lr_schedulers_fn=build_lr_schedulers,
         build_dataloader_fn=build_text_dataloader,
         build_tokenizer_fn=build_hf_tokenizer,
-        build_loss_fn=build_cross_entropy_loss,
+        build_loss_fn=build_loss_fn,
         build_validator_fn=build_validator,
         build_metrics_processor_fn=cpu_runtime.build_metrics_processor,
     )

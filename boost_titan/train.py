@@ -20,26 +20,36 @@ from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
 from boost_titan import config as boost_config  # noqa: E402
+from boost_titan.pipeline import check_pipeline_config, pipeline_forward_backward  # noqa: E402
 
 
 class BoostTrainer(Trainer):
-    """torchtitan's Trainer; ``[boost] log_comm`` counts the collectives of the first
-    forward/backward (count and bytes per op and phase, one block in detail), logs
-    them, writes ``<dump_folder>/comm_stats.json`` and TensorBoard scalars."""
+    """torchtitan's Trainer, with two changes:
+
+    * pipeline steps divide each microbatch loss by the step's token count before
+      backward (``boost_titan.pipeline``), so PP gradients equal non-PP gradients;
+    * ``[boost] log_comm`` counts the collectives of the first forward/backward (count
+      and bytes per op and phase, one block in detail), logs them, writes
+      ``<dump_folder>/comm_stats.json`` and TensorBoard scalars."""
 
     _comm_logged = False
 
-    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
-        if self._comm_logged or not self.job_config.boost.log_comm:
+    def _forward_backward(self, input_dict, labels, global_valid_tokens):
+        if not self.parallel_dims.pp_enabled:
             return super().forward_backward_step(
                 input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
             )
+        inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
+        return pipeline_forward_backward(self, inputs, labels, extra_inputs, extra_kwargs,
+                                         global_valid_tokens)
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+        if self._comm_logged or not self.job_config.boost.log_comm:
+            return self._forward_backward(input_dict, labels, global_valid_tokens)
         from boost_titan.comm_stats import CommCounter
 
         with CommCounter() as counter:
-            loss = super().forward_backward_step(
-                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
-            )
+            loss = self._forward_backward(input_dict, labels, global_valid_tokens)
         self._comm_logged = True
         report = counter.report()
         logger.info("Collectives of one forward/backward:\n" + counter.format())
@@ -84,6 +94,7 @@ def check_config(config) -> None:
             raise ValueError(
                 f"unknown flavor {flavor!r} for model {name!r}; valid flavors: {sorted(table)}"
             )
+        check_pipeline_config(config, table[flavor].n_layers)
 
 
 def main(argv: list[str] | None = None) -> None:
