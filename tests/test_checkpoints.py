@@ -1,0 +1,134 @@
+"""Checkpoints under BTP, through run_train.sh: DCP resume is bit-exact, a BTP TP2
+checkpoint loads into 1-process, FSDP2 and PP2 layouts with identical weights, and the
+consolidated safetensors export / import round-trips.
+
+The cross-layout runs train one step with lr = 0 (AdamW then leaves every weight
+bit-for-bit unchanged: p * (1 - 0 * wd) + 0 * update) and save: the weights each layout
+held after loading come back out of its own checkpoint."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO_ROOT, run_training
+
+FP32 = ("--training.mixed_precision_param", "float32")
+CONFIG = "debug_cola_btp_tp2.toml"
+
+
+def _cli(*args: str, config: str = CONFIG, expect_error: str | None = None) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "boost_titan.checkpoint", *args,
+         "--job.config_file", str(REPO_ROOT / "train_configs" / config)],
+        cwd=REPO_ROOT, capture_output=True, text=True,
+    )
+    if expect_error is not None:
+        assert proc.returncode != 0 and expect_error in proc.stderr, proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _tensors(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def btp_run(corpus_dir, tmp_path_factory):
+    """Seed checkpoint, then 6 BTP TP2 steps saving full checkpoints at steps 3 and 6."""
+    root = tmp_path_factory.mktemp("ckpt")
+    seed = run_training("debug_cola.toml", 1, root / "seed",
+                        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint", *FP32)
+    args = ("--checkpoint.enable", "--checkpoint.initial_load_path",
+            str(seed.dump_folder / "checkpoint" / "step-0"), "--checkpoint.interval", "3",
+            "--training.steps", "6", "--validation.no-enable", *FP32)
+    run = run_training(CONFIG, 2, root / "btp", *args)
+    return root, args, run
+
+
+@pytest.mark.slow
+def test_resume_under_btp_is_bit_exact(btp_run):
+    root, args, full = btp_run
+    resumed_dir = root / "resumed"
+    shutil.copytree(full.dump_folder / "checkpoint" / "step-3", resumed_dir / "checkpoint" / "step-3")
+    resumed = run_training(CONFIG, 2, resumed_dir, *args)
+    assert sorted(resumed.loss[0]) == [4, 5, 6]
+    for rank in (0, 1):
+        for step in (4, 5, 6):
+            assert resumed.loss[rank][step] == full.loss[rank][step]
+            assert resumed.grad_norm[rank][step] == full.grad_norm[rank][step]
+    # and the weights after step 6 are the same bits
+    _cli("export", "--from", str(full.dump_folder / "checkpoint" / "step-6"), "--to", str(root / "full6.safetensors"))
+    _cli("export", "--from", str(resumed_dir / "checkpoint" / "step-6"), "--to", str(root / "resumed6.safetensors"))
+    _assert_identical(_tensors(root / "full6.safetensors"), _tensors(root / "resumed6.safetensors"))
+
+
+# layout config, processes, overrides
+LAYOUTS = {
+    "tp1": ("debug_cola.toml", 1, ()),
+    "fsdp2": ("debug_cola_fsdp2.toml", 2, ()),
+    "pp2": ("debug_lax_pp2.toml", 2, ("--model.name", "cola_llama2")),
+}
+
+
+@pytest.mark.slow
+def test_btp_checkpoint_loads_into_other_layouts_and_safetensors_round_trip(btp_run):
+    root, _, full = btp_run
+    source = full.dump_folder / "checkpoint" / "step-6"
+    ref_file = root / "btp6.safetensors"
+    _cli("export", "--from", str(source), "--to", str(ref_file))
+    ref = _tensors(ref_file)
+    assert ref["layers.0.attention.wq.down.weight"].shape == (64, 256)  # A: [r, d]
+    assert ref["layers.0.attention.wq.up.weight"].shape == (256, 64)  # B: [d, r]
+
+    # import the file as a model-only DCP checkpoint: exporting it again gives the same tensors
+    imported = root / "imported" / "step-0"
+    _cli("import", "--from", str(ref_file), "--to", str(imported))
+    _cli("export", "--from", str(imported), "--to", str(root / "again.safetensors"))
+    _assert_identical(ref, _tensors(root / "again.safetensors"))
+    _cli("import", "--from", str(ref_file), "--to", str(imported), expect_error="exists")
+
+    first_losses = {}
+    cases = [(name, source) for name in LAYOUTS] + [("tp1-imported", imported)]
+    for name, load_from in cases:
+        config, ngpu, extra = LAYOUTS[name.split("-")[0]]
+        run = run_training(
+            config, ngpu, root / name, *extra, *FP32, "--checkpoint.enable",
+            "--checkpoint.initial_load_path", str(load_from), "--checkpoint.last_save_model_only",
+            "--checkpoint.interval", "1000", "--optimizer.lr", "0", "--training.steps", "1",
+            "--validation.no-enable",
+        )
+        saved = root / f"{name}.safetensors"
+        _cli("export", "--from", str(run.dump_folder / "checkpoint" / "step-1"), "--to", str(saved))
+        _assert_identical(ref, _tensors(saved))
+        if name != "fsdp2":  # its 2 data-parallel ranks read other batches
+            first_losses[name] = max(v[1] for v in run.loss.values())  # PP: the last stage's
+    # the layouts score the loaded weights on the same batch alike
+    values = list(first_losses.values())
+    assert max(values) - min(values) <= 2e-4 * min(values), first_losses
+
+
+@pytest.mark.slow
+def test_export_rejects_a_config_that_does_not_fit(btp_run):
+    root, _, full = btp_run
+    source = str(full.dump_folder / "checkpoint" / "step-6")
+    _cli("export", "--from", source, "--to", str(root / "bad.safetensors"), "--boost.rank", "32",
+         expect_error="shape mismatches, e.g. ['layers.0.attention.wk.down.weight: (64, 256) (model: (32, 256))'")
+    _cli("export", "--from", source, "--to", str(root / "bad.safetensors"), "--model.name", "llama2",
+         expect_error="missing 28 tensors, e.g. ['layers.0.attention.wk.weight'")
+    _cli("export", "--from", str(root / "nowhere"), "--to", str(root / "bad.safetensors"),
+         expect_error="is not a DCP checkpoint (no .metadata file)")
+    assert not list(root.glob("*bad.safetensors*"))  # nothing half-written
