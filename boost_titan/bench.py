@@ -150,7 +150,8 @@ def _step(model, opt, tokens, labels):
 
 def _saved_activation_bytes(model, tokens, labels) -> int:
     """Bytes autograd keeps from forward to backward, parameters excluded: the memory
-    activation checkpointing trades for recompute (exact, unlike RSS)."""
+    activation checkpointing trades for recompute (exact, unlike RSS). Each storage
+    counts once, however many ops or views keep it."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -158,24 +159,27 @@ def _saved_activation_bytes(model, tokens, labels) -> int:
     for p in list(model.parameters()) + list(model.buffers()):
         t = p.to_local() if isinstance(p, DTensor) else p
         owned.add(t.untyped_storage().data_ptr())
+    kept: dict[int, int] = {}
     total = 0
 
     def pack(t):
         nonlocal total
         local_t = t.to_local() if isinstance(t, DTensor) else t
         try:
-            ptr = local_t.untyped_storage().data_ptr()
+            storage = local_t.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
         except RuntimeError:  # wrapper subclasses (async collective results) own no storage
-            ptr = None
-        if ptr not in owned:
             total += local_t.numel() * local_t.element_size()
+            return t
+        if ptr not in owned:
+            kept[ptr] = max(kept.get(ptr, 0), nbytes)
         return t
 
     with loss_parallel():
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
         loss.backward()
-    return total
+    return total + sum(kept.values())
 
 
 def _sync(device):

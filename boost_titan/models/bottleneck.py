@@ -161,11 +161,12 @@ def down_group(
     is the full hidden size (x may be a d/T shard).
     """
     partials, stats = down_partial(x, projs, comm, grouped, norm, dim)
-    return down_reduce(partials, stats, projs, comm, norm, dim)
+    latents, stats = down_reduce(partials, stats, comm)
+    return down_finish(latents, stats, projs, comm, norm, dim)
 
 
 def down_partial(x, projs, comm, grouped, norm=None, dim=0):
-    """The local half of ``down_group``: per-rank partial latents (one tensor when
+    """The local head of ``down_group``: per-rank partial latents (one tensor when
     grouped) and the norm's partial statistics. No forward collective in online mode,
     so it can be recomputed in backward for free (latent checkpointing)."""
     stats = None
@@ -183,15 +184,22 @@ def down_partial(x, projs, comm, grouped, norm=None, dim=0):
     return [F.linear(x, local(p.down.weight)) for p in projs], stats
 
 
-def down_reduce(partials, stats, projs, comm, norm=None, dim=0) -> list[torch.Tensor]:
-    """The collective half of ``down_group``: reduce the partial latents (statistics
-    ride with the first), then apply the norm's scale."""
+def down_reduce(partials, stats, comm):
+    """The collective of ``down_group``: reduce the partial latents (the statistics
+    ride with the first). Returns the reduced latents and statistics, un-normalised:
+    they are all latent checkpointing keeps of a chunk boundary."""
     latents, pending = [], stats
     for partial in partials:
         latent, reduced = comm.reduce_down(partial, pending)
         if pending is not None:
             stats, pending = reduced, None
         latents.append(latent)
+    return latents, stats
+
+
+def down_finish(latents, stats, projs, comm, norm=None, dim=0) -> list[torch.Tensor]:
+    """The local tail of ``down_group``: Online-RMSNorm's 1/rms scale, then one latent
+    per A (a grouped GEMM's latent is split)."""
     if norm is not None and comm.norm_mode == "online":
         scale = torch.rsqrt(stats / dim + norm.eps)
         latents = [(l.float() * scale).type_as(l) for l in latents]

@@ -32,6 +32,7 @@ from .bottleneck import (
     Bottleneck,
     LatentComm,
     LatentCross,
+    down_finish,
     down_partial,
     down_reduce,
     up_group,
@@ -117,9 +118,9 @@ class LowRankFeedForward(nn.Module):
 class LowRankBlock(nn.Module):
     """A LLaMA block whose seven projections are bottlenecks.
 
-    The forward is written chunk by chunk, the way BTP cuts it: every ``down_group``
-    ends a chunk (partial latent -> ``comm.reduce_down``), every ``up_group`` starts
-    one. ``self.comm`` is the tensor-parallel plan's hook (identity by default).
+    The forward is written chunk by chunk, the way BTP cuts it: every partial latent
+    (``down_partial``) ends a chunk, its all-reduce (``down_reduce``) sits between
+    chunks, and the next chunk starts from the reduced latent. ``self.comm`` is the tensor-parallel plan's hook (identity by default).
     """
 
     def __init__(self, layer_id: int, args: LlamaArgs):
@@ -148,63 +149,74 @@ class LowRankBlock(nn.Module):
         if self.lax:
             x, *prev = x.split([x.shape[-1] - sum(self.latent_widths)] + self.latent_widths, -1)
         comm, a, f = self.comm, self.attention, self.feed_forward
-        qkv, gu = [a.wq, a.wk, a.wv], [f.w1, f.w3]
         run = self._run
 
-        # Chunks end where a partial latent is reduced (down_reduce: the collective).
+        # A chunk runs from a reduced latent (its norm scale and activation first) to
+        # the next partial latent; between chunks sits only the collective
+        # (down_reduce). With latent checkpointing a chunk keeps just its inputs: the
+        # reduced latents and the residual stream.
         # attention chunk: attention_norm + A_q|A_k|A_v ... B_q,B_k,B_v -> heads -> A_o
         parts, stats = run("attention", self._entry, x)
-        z_qkv, carry_qkv = self._activate(qkv, down_reduce(parts, stats, qkv, comm, self.attention_norm, self.dim), prev[0:3])
-        parts = run("attention", self._attention, freqs_cis, positions, *z_qkv)
-        z_o, carry_o = self._activate([a.wo], down_reduce(parts, None, [a.wo], comm), prev[3:4])
+        z_qkv, stats = down_reduce(parts, stats, comm)
+        parts, carry_qkv = run("attention", self._attention, freqs_cis, positions, stats, prev[0:3], *z_qkv)
+        z_o, _ = down_reduce(parts, None, comm)
         # MLP chunk: B_o -> residual -> ffn_norm + A_gate|A_up ... B_gate,B_up -> SwiGLU -> A_down
-        h, parts, stats = run("mlp", self._ffn_entry, x, *z_o)
-        z_gu, carry_gu = self._activate(gu, down_reduce(parts, stats, gu, comm, self.ffn_norm, self.dim), prev[4:6])
-        parts = run("mlp", self._mlp, *z_gu)
-        z_d, carry_d = self._activate([f.w2], down_reduce(parts, None, [f.w2], comm), prev[6:7])
-        (ffn_out,) = up_group(z_d, [f.w2], comm, self.grouped)
+        h, parts, stats, carry_o = run("mlp", self._ffn_entry, x, prev[3:4], *z_o)
+        z_gu, stats = down_reduce(parts, stats, comm)
+        parts, carry_gu = run("mlp", self._mlp, stats, prev[4:6], *z_gu)
+        z_d, _ = down_reduce(parts, None, comm)
+        # B_down -> residual stays outside: it would keep the d/T residual h instead
+        # of the r-wide latent
+        (z_d,), carry_d = self._latents([f.w2], z_d, None, None, prev[6:7])
+        (ffn_out,) = up_group([z_d], [f.w2], comm, self.grouped)
         out = h + ffn_out
 
         if self.lax:
             out = torch.cat([out, *carry_qkv, *carry_o, *carry_gu, *carry_d], -1)
         return out
 
-    # The chunk bodies: local compute only (no forward collective), so latent
-    # checkpointing can recompute them in backward without communicating.
+    # The chunk bodies: local compute only under BTP (no forward collective), so
+    # latent checkpointing can recompute them in backward without communicating.
     def _entry(self, x):
         a = self.attention
         return down_partial(x, [a.wq, a.wk, a.wv], self.comm, self.grouped, self.attention_norm, self.dim)
 
-    def _attention(self, freqs_cis, positions, *z_qkv):
+    def _attention(self, freqs_cis, positions, stats, prevs, *z_qkv):
         a = self.attention
-        q, k, v = up_group(list(z_qkv), [a.wq, a.wk, a.wv], self.comm, self.grouped)
+        qkv = [a.wq, a.wk, a.wv]
+        z_qkv, carry = self._latents(qkv, list(z_qkv), stats, self.attention_norm, prevs)
+        q, k, v = up_group(z_qkv, qkv, self.comm, self.grouped)
         o = a.attend(q, k, v, freqs_cis, positions)
         parts, _ = down_partial(o, [a.wo], self.comm, self.grouped)
-        return parts
+        return parts, carry
 
-    def _ffn_entry(self, x, *z_o):
-        f = self.feed_forward
-        (attn_out,) = up_group(list(z_o), [self.attention.wo], self.comm, self.grouped)
+    def _ffn_entry(self, x, prevs, *z_o):
+        a, f = self.attention, self.feed_forward
+        z_o, carry = self._latents([a.wo], list(z_o), None, None, prevs)
+        (attn_out,) = up_group(z_o, [a.wo], self.comm, self.grouped)
         h = x + attn_out
         parts, stats = down_partial(h, [f.w1, f.w3], self.comm, self.grouped, self.ffn_norm, self.dim)
-        return h, parts, stats
+        return h, parts, stats, carry
 
-    def _mlp(self, *z_gu):
+    def _mlp(self, stats, prevs, *z_gu):
         f = self.feed_forward
-        gate, up = up_group(list(z_gu), [f.w1, f.w3], self.comm, self.grouped)
+        z_gu, carry = self._latents([f.w1, f.w3], list(z_gu), stats, self.ffn_norm, prevs)
+        gate, up = up_group(z_gu, [f.w1, f.w3], self.comm, self.grouped)
         mid = (F.silu(gate) if self.swiglu else gate) * up
         parts, _ = down_partial(mid, [f.w2], self.comm, self.grouped)
-        return parts
+        return parts, carry
 
     def _run(self, chunk: str, fn, *args):
         if chunk not in self.checkpointed_chunks:
             return fn(*args)
         return checkpoint(fn, *args, use_reentrant=False)
 
-    def _activate(self, projs, latents, prevs):
-        """act (LaX: after crossing) on each latent; returns (latents for the B's,
-        latents carried to the next block). LaX needs whole latents: a plan that
-        splits r gathers them here and gives the B's back their slices."""
+    def _latents(self, projs, reduced, stats, norm, prevs):
+        """Reduced latents -> (latents for the B's, latents carried to the next block):
+        the norm's 1/rms scale, then act (LaX: after crossing with ``prevs``). LaX
+        needs whole latents: a plan that splits r (vanilla) gathers them here and
+        gives the B's back their slices; only then is this not collective-free."""
+        latents = down_finish(reduced, stats, projs, self.comm, norm, self.dim)
         if not self.lax:
             z = [p.activate(l, None) for p, l in zip(projs, latents)]
             return z, z
