@@ -14,10 +14,9 @@ Real torchrun processes on gloo (CPU). One torchrun job at a time.
     - only the last stage (rank 1) logs the loss; rank 0 logs -1;
     - the logged PP loss is sum(microbatch loss sums) / global valid tokens, which is
       the same token mean the one-process run logs;
-    - the PP schedule uses ``scale_grads=False`` and a sum loss, so its gradients (and
-      logged grad norm) are global_valid_tokens = 4 * 256 = 1024 times the one-process
-      ones. Gradient clipping (max_norm 1) and Adam are invariant to that uniform scale
-      (up to Adam's eps), so the losses still agree; the grad norm is checked as 1024x.
+    - torchtitan 0.2.2's PP schedule backpropagates a sum loss (gradients x the step's
+      token count, 1024 here); boost_titan.pipeline divides each microbatch loss by the
+      token count first, so the grad norm equals the one-process run's.
     - the learning-rate schedule depends on ``training.steps`` once warmup (4 steps) is
       over, and the warmup is shortened when steps < warmup: the PP run uses 5 steps,
       so steps 1-3 see the same learning rates as the 20-step reference.
@@ -118,9 +117,11 @@ def test_lax_pp2_matches_single_process(lax_seed, lax_single, tmp_path):
     print(f"\nlax PP2 vs 1 process, steps 1-3: {pp[:3]} vs {ref[:3]}")
     for step, (a, b) in enumerate(zip(pp[:3], ref[:3]), 1):
         assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: PP2 {a} vs one process {b}"
-    # the grad norm is reported on unnormalised (sum-loss) gradients under PP: x1024
-    g_pp, g_ref = run.grad_norm[1][1], lax_single.grad_norm[0][1]
-    assert g_pp == pytest.approx(1024 * g_ref, rel=2e-4)
+    # torchtitan 0.2.2 backpropagates PP's sum loss (grad norm x1024 here);
+    # boost_titan's pipeline loss gives the non-PP gradients
+    for step in (1, 2, 3):
+        g_pp, g_ref = run.grad_norm[1][step], lax_single.grad_norm[0][step]
+        assert g_pp == pytest.approx(g_ref, rel=1.5e-3), step
 
 
 # ----------------------------------------------------------------------------- FSDP2
