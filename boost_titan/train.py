@@ -81,6 +81,18 @@ def check_config(config) -> None:
     from torchtitan.protocols.train_spec import _extra_train_specs
 
     boost_config.validate_boost_config(config.boost)
+    ac = config.activation_checkpoint
+    if ac.mode not in ("none", "full", "selective", "memory_budget"):
+        raise ValueError(
+            f"[activation_checkpoint] mode = {ac.mode!r} is not valid; choose one of "
+            "['none', 'full', 'selective', 'memory_budget'] (low-rank models: "
+            "[boost] latent_checkpoint for checkpointing aligned with BTP chunks)"
+        )
+    if ac.mode == "selective" and not (ac.selective_ac_option == "op" or ac.selective_ac_option.isdigit()):
+        raise ValueError(
+            f"[activation_checkpoint] selective_ac_option = {ac.selective_ac_option!r} is not "
+            "valid; use 'op' or a positive integer (every n-th block)"
+        )
     name, flavor = config.model.name, config.model.flavor
     ours = sorted(_extra_train_specs)
     if name not in _extra_train_specs and name not in _supported_models:
