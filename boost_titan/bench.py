@@ -40,11 +40,13 @@ VARIANTS = {
     "btp ungrouped": ("cola", "btp", False, "online", "none"),
     "btp sync-norm": ("cola", "btp", True, "sync", "none"),
     "btp latent-ckpt": ("cola", "btp", True, "online", "latent"),
+    "btp latent-ckpt recompute-attn": ("cola", "btp", True, "online", "latent recompute-attn"),
     "btp full-ac": ("cola", "btp", True, "online", "full"),
     "vanilla full-ac": ("cola", "vanilla", True, "online", "full"),
 }
 DEFAULT_VARIANTS = ("btp", "vanilla", "fullrank (dense twin)", "btp ungrouped", "btp sync-norm")
-AC_VARIANTS = ("btp", "btp latent-ckpt", "btp full-ac", "vanilla", "vanilla full-ac")
+AC_VARIANTS = ("btp", "btp latent-ckpt", "btp latent-ckpt recompute-attn", "btp full-ac", "vanilla",
+               "vanilla full-ac")
 
 
 @dataclass
@@ -66,6 +68,7 @@ SMOKE = Shape(dim=128, ffn_dim=344, n_heads=8, rank=32, n_layers=2, vocab_size=5
 class VariantResult:
     name: str
     step_times: list[float] = field(default_factory=list)
+    rep_times: list[float] = field(default_factory=list)  # mean step time of each repetition
     comm_times: list[float] = field(default_factory=list)
     instrumented_step_times: list[float] = field(default_factory=list)
     bytes_per_step: int = 0
@@ -118,10 +121,11 @@ def _build(name: str, shape: Shape, mesh, device):
         from torchtitan.models.llama3.infra.parallelize import apply_tp
 
         apply_tp(model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=False)
-    if ac == "latent":
+    if ac.startswith("latent"):
         from boost_titan.parallelize import apply_latent_checkpointing
 
-        apply_latent_checkpointing(model, "both", plan=plan, norm_mode=norm)
+        keep = "none" if ac.endswith("recompute-attn") else "attention"
+        apply_latent_checkpointing(model, "both", keep=keep, plan=plan, norm_mode=norm)
     elif ac == "full":  # torchtitan's full AC: every block recomputed whole
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -151,9 +155,15 @@ def _step(model, opt, tokens, labels):
 def _saved_activation_bytes(model, tokens, labels) -> int:
     """Bytes autograd keeps from forward to backward, parameters excluded: the memory
     activation checkpointing trades for recompute (exact, unlike RSS). Each storage
-    counts once, however many ops or views keep it."""
+    counts once, however many ops or views keep it; outputs that selective
+    checkpointing caches (latent checkpointing's kept attention outputs) count too."""
+    from unittest import mock
+
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from boost_titan.models import model as lowrank_model
 
     owned = set()
     for p in list(model.parameters()) + list(model.buffers()):
@@ -175,7 +185,20 @@ def _saved_activation_bytes(model, tokens, labels) -> int:
             kept[ptr] = max(kept.get(ptr, 0), nbytes)
         return t
 
-    with loss_parallel():
+    sac_contexts = lowrank_model.create_selective_checkpoint_contexts
+
+    def counting_contexts(policy):
+        def counted(ctx, op, *args, **kwargs):
+            decision = policy(ctx, op, *args, **kwargs)
+            if not ctx.is_recompute and decision in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
+                outputs = ctx.op_output if isinstance(ctx.op_output, (tuple, list)) else [ctx.op_output]
+                for t in outputs:
+                    if isinstance(t, torch.Tensor):
+                        pack(t)
+            return decision
+        return sac_contexts(counted)
+
+    with loss_parallel(), mock.patch.object(lowrank_model, "create_selective_checkpoint_contexts", counting_contexts):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
         loss.backward()
@@ -222,6 +245,7 @@ def _worker(rank: int, world: int, cfg: dict, out_dir: str):
     for rep in range(cfg["reps"]):
         for n in names:
             model, opt, _ = built[n]
+            rep_start = len(results[n].step_times)
             for _ in range(cfg["steps"]):
                 _sync(device)
                 if cuda:
@@ -236,6 +260,7 @@ def _worker(rank: int, world: int, cfg: dict, out_dir: str):
                 results[n].step_times.append(time.perf_counter() - t0)
                 peak = torch.cuda.max_memory_allocated() - base if cuda else peak_rss() - base
                 results[n].peak_step_mem_bytes = max(results[n].peak_step_mem_bytes, peak)
+            results[n].rep_times.append(statistics.mean(results[n].step_times[rep_start:]))
     for n in names:  # instrumented steps: collective counts/bytes and time
         model, opt, _ = built[n]
         results[n].saved_activation_bytes = _saved_activation_bytes(model, tokens, labels)
@@ -288,17 +313,24 @@ def summarise(raw: dict, shape: Shape, world: int, device: str) -> dict:
         ratios["grouping_speedup"] = v["btp ungrouped"]["step_time_median_s"] / v["btp"]["step_time_median_s"]
     if "btp sync-norm" in v:
         ratios["online_vs_sync_speedup"] = v["btp sync-norm"]["step_time_median_s"] / v["btp"]["step_time_median_s"]
-    # activation checkpointing efficiency: activation memory saved per ms added
+    # activation checkpointing efficiency: activation memory saved per ms added. The
+    # added time is the median over repetitions of (AC variant - its base) within the
+    # repetition: the two ran back to back, so machine drift largely cancels.
     eff = {}
-    for ac_name, base in (("btp latent-ckpt", "btp"), ("btp full-ac", "btp"), ("vanilla full-ac", "vanilla")):
+    for ac_name, base in (("btp latent-ckpt", "btp"), ("btp latent-ckpt recompute-attn", "btp"),
+                          ("btp full-ac", "btp"), ("vanilla full-ac", "vanilla")):
         if ac_name in v and base in v:
             saved_mb = (v[base]["saved_activation_mib"] - v[ac_name]["saved_activation_mib"]) * 2**20 / 1e6
-            added_ms = 1e3 * (v[ac_name]["step_time_median_s"] - v[base]["step_time_median_s"])
+            paired = [a - b for a, b in zip(raw[ac_name]["rep_times"], raw[base]["rep_times"])]
+            added_ms = 1e3 * statistics.median(paired)
             eff[ac_name] = {"saved_mb": saved_mb, "added_ms": added_ms,
-                            "mb_per_ms": saved_mb / added_ms if added_ms > 0 else float("inf")}
+                            "added_ms_per_rep": [1e3 * d for d in paired],
+                            # None: no added time measurable on this machine
+                            "mb_per_ms": saved_mb / added_ms if added_ms > 0 else None}
     if eff:
         out["checkpoint_efficiency"] = eff
-        if "btp latent-ckpt" in eff and "vanilla full-ac" in eff:
+        if "btp latent-ckpt" in eff and "vanilla full-ac" in eff and None not in (
+                eff["btp latent-ckpt"]["mb_per_ms"], eff["vanilla full-ac"]["mb_per_ms"]):
             ratios["latent_ckpt_vs_vanilla_full_ac_efficiency"] = (
                 eff["btp latent-ckpt"]["mb_per_ms"] / eff["vanilla full-ac"]["mb_per_ms"])
     out["ratios"] = ratios
@@ -323,8 +355,10 @@ def markdown(summary: dict) -> str:
         )
     lines.append("")
     for n, e in summary.get("checkpoint_efficiency", {}).items():
-        lines.append(f"- {n}: saves {e['saved_mb']:.0f} MB of activations for +{e['added_ms']:.0f} ms "
-                     f"= {e['mb_per_ms']:.2f} MB/ms")
+        per_rep = ", ".join(f"{d:+.0f}" for d in e["added_ms_per_rep"])
+        value = f"{e['mb_per_ms']:.2f} MB/ms" if e["mb_per_ms"] is not None else "no measurable added time"
+        lines.append(f"- {n}: saves {e['saved_mb']:.0f} MB of activations for {e['added_ms']:+.0f} ms "
+                     f"(median of per-repetition differences {per_rep}) = {value}")
     for k, val in summary["ratios"].items():
         lines.append(f"- {k}: **{val:.2f}x**")
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ RMSNORM_MODES = ("online", "sync")
 LAX_GATES = ("kron", "dense")
 LATENT_ACTS = ("default", "silu", "none")
 LATENT_CHECKPOINT = ("none", "attention", "mlp", "both")
+LATENT_CHECKPOINT_KEEP = ("attention", "none")
 
 
 @dataclass
@@ -55,6 +56,12 @@ class Boost:
     latent_checkpoint_every: int = 1
     """Apply latent checkpointing to every k-th block (block index % k == 0)."""
 
+    latent_checkpoint_keep: str = "attention"
+    """What a recomputed attention chunk keeps besides its inputs: "attention" keeps
+    the attention kernel's output and log-sum-exp ([b, s, d/T] + [b, h/T, s] per
+    block), so the re-forward skips attention, its costliest op; "none" keeps only
+    the reduced latents and the residual shard."""
+
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s used for MFU on CPU runs (0: measure an fp32 matmul at start-up).
     `python -m boost_titan.tools.peak_flops` prints this machine's figure."""
@@ -81,6 +88,7 @@ def validate_boost_config(boost: Boost) -> None:
     _check("lax_gate", boost.lax_gate, LAX_GATES)
     _check("latent_act", boost.latent_act, LATENT_ACTS)
     _check("latent_checkpoint", boost.latent_checkpoint, LATENT_CHECKPOINT)
+    _check("latent_checkpoint_keep", boost.latent_checkpoint_keep, LATENT_CHECKPOINT_KEEP)
     if boost.latent_checkpoint_every < 1:
         raise ValueError(f"[boost] latent_checkpoint_every = {boost.latent_checkpoint_every} must be >= 1")
     if boost.rank < 0:

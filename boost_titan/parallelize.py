@@ -16,6 +16,7 @@ from torchtitan.models.llama3.infra.parallelize import (
 )
 from torchtitan.tools.logging import logger
 
+from boost_titan.config import LATENT_CHECKPOINT_KEEP
 from boost_titan.cpu_runtime import fix_fsdp_reduce_for_gloo
 from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan
 
@@ -45,6 +46,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
 
     apply_latent_checkpointing(
         model, job_config.boost.latent_checkpoint, job_config.boost.latent_checkpoint_every,
+        keep=job_config.boost.latent_checkpoint_keep,
         plan=plan if parallel_dims.tp_enabled else None, norm_mode=job_config.boost.rmsnorm,
         torchtitan_ac=job_config.activation_checkpoint.mode,
     )
@@ -82,11 +84,16 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
 _LATENT_CHUNKS = {"none": (), "attention": ("attention",), "mlp": ("mlp",), "both": ("attention", "mlp")}
 
 
-def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, plan: str | None = None,
-                               norm_mode: str = "online", torchtitan_ac: str = "none") -> None:
+def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, keep: str = "attention",
+                               plan: str | None = None, norm_mode: str = "online",
+                               torchtitan_ac: str = "none") -> None:
     """Mark which low-rank blocks recompute which chunks in backward (see
     ``LowRankBlock.forward``): only chunk bodies without forward collectives are
-    recomputed, so backward communicates exactly as without checkpointing."""
+    recomputed, so backward communicates exactly as without checkpointing. ``keep =
+    "attention"``: recomputed attention chunks also keep the attention kernel's outputs."""
+    if keep not in LATENT_CHECKPOINT_KEEP:
+        raise ValueError(f"[boost] latent_checkpoint_keep = {keep!r} is not valid; "
+                         f"choose one of {list(LATENT_CHECKPOINT_KEEP)}")
     if mode == "none":
         return
     args = model.model_args
@@ -105,4 +112,6 @@ def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, p
     for layer_id, block in model.layers.items():
         if block is not None and int(layer_id) % every == 0:
             block.checkpointed_chunks = frozenset(_LATENT_CHUNKS[mode])
-    logger.info(f"Latent (communication-free) checkpointing: {mode} chunks, every {every} block(s)")
+            block.keep_attention = keep == "attention"
+    logger.info(f"Latent (communication-free) checkpointing: {mode} chunks, every {every} block(s), "
+                f"keeping {keep!r}")

@@ -9,31 +9,34 @@ import torch
 from boost_titan.comm_stats import CommCounter
 from boost_titan.models.flavors import flavors_for
 from boost_titan.models.model import Transformer
+from boost_titan.models.model import _ATTENTION_OPS
 from boost_titan.parallelize import apply_latent_checkpointing
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tp_sim import plan_fn, reference_model, run_parallel, small_args
 
 
-def _btp_with(mode, every=1):
+def _btp_with(mode, every=1, keep="attention"):
     def apply(model, mesh):
         plan_fn("btp")(model, mesh)
-        apply_latent_checkpointing(model, mode, every, plan="btp")
+        apply_latent_checkpointing(model, mode, every, keep=keep, plan="btp")
     return apply
 
 
-@pytest.mark.parametrize("arch,flavor,mode,every", [
-    ("cola", "debugmodel", "both", 1),
-    ("lax", "debugmodel_gqa", "attention", 1),
-    ("svd", "debugmodel", "mlp", 2),
+@pytest.mark.parametrize("arch,flavor,mode,every,keep", [
+    ("cola", "debugmodel", "both", 1, "attention"),
+    ("cola", "debugmodel", "both", 1, "none"),
+    ("lax", "debugmodel_gqa", "attention", 1, "attention"),
+    ("svd", "debugmodel", "mlp", 2, "attention"),
 ])
-def test_latent_checkpoint_is_bitwise_and_adds_no_collective(arch, flavor, mode, every):
+def test_latent_checkpoint_is_bitwise_and_adds_no_collective(arch, flavor, mode, every, keep):
     args = small_args(flavors_for(arch)[flavor])
     ref = reference_model(args)
     g = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, args.vocab_size, (2, 32), generator=g)
     labels = torch.randint(0, args.vocab_size, (2, 32), generator=g)
     base = run_parallel(ref, 4, _btp_with("none"), tokens, labels, CommCounter)
-    ckpt = run_parallel(ref, 4, _btp_with(mode, every), tokens, labels, CommCounter)
+    ckpt = run_parallel(ref, 4, _btp_with(mode, every, keep), tokens, labels, CommCounter)
     assert torch.equal(base[0], ckpt[0])
     for name in base[1]:
         assert torch.equal(base[1][name], ckpt[1][name]), name
@@ -69,7 +72,7 @@ def test_latent_checkpoint_saves_activation_memory():
     for mode in ("none", "attention", "mlp", "both"):
         for block in model.layers.values():
             block.checkpointed_chunks = frozenset()
-        apply_latent_checkpointing(model, mode)
+        apply_latent_checkpointing(model, mode, keep="none")
         saved[mode] = _saved_bytes(model, tokens)
     assert saved["attention"] < saved["none"] and saved["mlp"] < saved["none"]
     # both = the savings of the two added up (the chunks are disjoint)
@@ -84,10 +87,37 @@ def test_latent_checkpoint_saves_activation_memory():
     assert per_block_left < 0.5 * (saved["none"] - saved["both"]) / args.n_layers
 
 
+class _AttentionCalls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func in _ATTENTION_OPS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("keep,recomputed", [("attention", 0), ("none", 1)])
+def test_latent_checkpoint_keep_attention_skips_its_recompute(keep, recomputed):
+    """keep = "attention": backward re-runs the chunk but not the attention kernel
+    (its outputs are kept); "none": once per checkpointed block."""
+    args = flavors_for("cola")["debugmodel"]
+    torch.manual_seed(0)
+    model = Transformer(args)
+    apply_latent_checkpointing(model, "attention", 2, keep=keep)
+    tokens = torch.randint(0, args.vocab_size, (2, 32))
+    loss = model(tokens).float().logsumexp(-1).mean()
+    with _AttentionCalls() as counter:
+        loss.backward()
+    checkpointed = len(range(0, args.n_layers, 2))
+    assert checkpointed >= 2 and counter.calls == recomputed * checkpointed
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(mode="both", plan="vanilla"), "tp_plan 'vanilla' communicates inside its chunks"),
     (dict(mode="mlp", plan="btp", norm_mode="sync"), "rmsnorm = 'sync'"),
     (dict(mode="attention", torchtitan_ac="full"), "mode = 'full' is also set"),
+    (dict(mode="both", keep="outputs"), "latent_checkpoint_keep = 'outputs' is not valid"),
 ])
 def test_latent_checkpoint_bad_combinations(kwargs, message):
     args = flavors_for("cola")["debugmodel"]

@@ -24,8 +24,9 @@ from torchtitan.models.llama3.model.model import (
 from torchtitan.models.utils import trunc_normal_
 from torchtitan.protocols.train_spec import ModelProtocol
 
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
 from .args import LlamaArgs
-from torch.utils.checkpoint import checkpoint
 
 from .bottleneck import (
     SINGLE_DEVICE,
@@ -40,6 +41,24 @@ from .bottleneck import (
 
 # LLaMA-2 has no RoPE frequency scaling; factor 1 makes llama3's rule the identity.
 _NO_ROPE_SCALING = RoPEScalingArgs(scaling_factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0)
+
+# The attention kernels (CPU, flash, memory-efficient, cuDNN). Their outputs (output,
+# log-sum-exp, RNG state) are what their backward needs besides q, k, v.
+_ATTENTION_OPS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    if hasattr(torch.ops.aten, name)
+)
+
+
+def _keep_attention_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _keep_attention_context():
+    return create_selective_checkpoint_contexts(_keep_attention_policy)
+
 
 ATTN_PROJS = ("wq", "wk", "wv", "wo")
 FFN_PROJS = ("w1", "w3", "w2")
@@ -130,8 +149,11 @@ class LowRankBlock(nn.Module):
         self.grouped = args.group_linears
         self.lax = args.arch == "lax"
         self.comm: LatentComm = SINGLE_DEVICE
-        # latent checkpointing: chunks ("attention", "mlp") recomputed in backward
+        # latent checkpointing: chunks ("attention", "mlp") recomputed in backward;
+        # keep_attention: a recomputed attention chunk keeps the attention kernel's
+        # outputs (d/T wide) rather than re-running it, the chunk's costliest op
         self.checkpointed_chunks: frozenset[str] = frozenset()
+        self.keep_attention = False
         projs = {}
         for name, (din, dout, r) in args.projection_shapes().items():
             cross = None
@@ -209,6 +231,8 @@ class LowRankBlock(nn.Module):
     def _run(self, chunk: str, fn, *args):
         if chunk not in self.checkpointed_chunks:
             return fn(*args)
+        if fn == self._attention and self.keep_attention:
+            return checkpoint(fn, *args, use_reentrant=False, context_fn=_keep_attention_context)
         return checkpoint(fn, *args, use_reentrant=False)
 
     def _latents(self, projs, reduced, stats, norm, prevs):
