@@ -452,6 +452,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--comm-steps", type=int, default=1, help="instrumented steps for the comm share")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
+    p.add_argument("--malloc-cache", action="store_true",
+                   help="CPU: glibc malloc keeps freed memory (no mmap, no trim), as CUDA's caching "
+                        "allocator does, so a step's time holds no page faults; the RSS-rise column "
+                        "then reads only growth past the largest earlier step")
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help=f"comma list of {list(VARIANTS)}, or 'ac' for the checkpointing set")
     for k, v in Shape().__dict__.items():
@@ -489,9 +493,12 @@ def main(argv: list[str] | None = None) -> None:
     if rendezvous.exists():
         rendezvous.unlink()
     world = torch.cuda.device_count() if torch.cuda.is_available() else a.tp
+    if a.malloc_cache:  # read by glibc when the spawned ranks start
+        os.environ["GLIBC_TUNABLES"] = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
     torch.multiprocessing.spawn(_worker, args=(world, cfg, str(out)), nprocs=world, join=True)
     raw = json.loads((out / "raw.json").read_text())
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({a.threads} thread/rank, gloo)"
+    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available() else
+              f"CPU ({a.threads} thread/rank, gloo{', caching malloc' if a.malloc_cache else ''})")
     summary = summarise(raw, shape, world, device)
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     md = markdown(summary)

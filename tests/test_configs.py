@@ -39,6 +39,7 @@ BAD = [
     (["--model.name", "gpt2"], "unknown model name 'gpt2'; boost_titan models: ['cola_llama2', 'lax_llama2', 'llama2', 'svd_llama2']"),
     (["--model.flavor", "9b"], "unknown flavor '9b' for model 'cola_llama2'; valid flavors:"),
     (["--boost.latent_checkpoint", "full"], "latent_checkpoint = 'full' is not valid; choose one of"),
+    (["--boost.latent_checkpoint_keep", "all"], "latent_checkpoint_keep = 'all' is not valid; choose one of"),
     (["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "x"],
      "selective_ac_option = 'x' is not valid"),
     # pipeline splits and microbatching (debug model: 4 layers, local batch 4)
