@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boost_titan.comm_stats import CommCounter
+from boost_titan.comm_stats import CommCounter, _block_of
 from boost_titan.models.flavors import flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.models.model import _ATTENTION_OPS
@@ -40,9 +40,15 @@ def test_latent_checkpoint_is_bitwise_and_adds_no_collective(arch, flavor, mode,
     assert torch.equal(base[0], ckpt[0])
     for name in base[1]:
         assert torch.equal(base[1][name], ckpt[1][name]), name
+    # the same collectives in the same order, in the same block; in backward the
+    # innermost-module label is ModTracker's guess among the modules whose backward
+    # is pending (LaX: w1 vs w2 cross gates can swap), so blocks are compared there
+    def records(run, phase):
+        return [(r.op, r.numel, r.module if phase == "forward" else _block_of(r.module))
+                for r in run[2].records if r.phase == phase]
+
     for phase in ("forward", "backward"):
-        got = [(r.op, r.numel, r.module) for r in ckpt[2].records if r.phase == phase]
-        assert got == [(r.op, r.numel, r.module) for r in base[2].records if r.phase == phase], phase
+        assert records(ckpt, phase) == records(base, phase), phase
 
 
 def _saved_bytes(model, tokens) -> int:
