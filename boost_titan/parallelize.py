@@ -8,14 +8,10 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
-from torchtitan.models.llama3.infra.parallelize import (
-    _op_sac_save_list,
-    apply_compile,
-    apply_ddp,
-    apply_fsdp,
-)
+from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_ddp, apply_fsdp
 from torchtitan.tools.logging import logger
 
+from boost_titan.compile import apply_compile, use_rank_local_compile_cache
 from boost_titan.config import LATENT_CHECKPOINT_KEEP
 from boost_titan.cpu_runtime import fix_fsdp_reduce_for_gloo
 from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan
@@ -51,6 +47,8 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         torchtitan_ac=job_config.activation_checkpoint.mode,
     )
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
+    if job_config.compile.enable:  # the loss is compiled too: before any graph is cached
+        use_rank_local_compile_cache()
     if job_config.activation_checkpoint.mode != "none":
         apply_ac(
             model,

@@ -57,8 +57,9 @@ class PlanReport:
 
 
 def block_collectives(args: LlamaArgs, plan: str, tp: int, tokens: int, grouped: bool = True,
-                      norm: str = "online") -> tuple[list[Collective], list[Collective]]:
-    """One block's collectives in issue order, forward and backward."""
+                      norm: str = "online", dtype: str = "float32") -> tuple[list[Collective], list[Collective]]:
+    """One block's collectives in issue order, forward and backward (BTP's fused
+    statistics: 1 column in fp32, 2T exact hi/lo columns in 16-bit dtypes)."""
     d, f, kv, q = args.dim, args.ffn_dim, args.kv_dim, args.n_heads * args.head_dim
     t = tokens
     if plan == "fullrank":  # torchtitan's Megatron + sequence parallel
@@ -87,7 +88,7 @@ def block_collectives(args: LlamaArgs, plan: str, tp: int, tokens: int, grouped:
             bwd.append(Collective("all_reduce", t * width, f"{label}.down input grad"))
         return fwd, bwd
     if plan == "btp":
-        s = 1 if norm == "online" else 0
+        s = (1 if dtype == "float32" else 2 * tp) if norm == "online" else 0
         sync_f = [Collective("all_reduce", t, "norm statistics")] if norm == "sync" else []
         sync_b = [Collective("all_reduce", t, "norm statistics grad")] if norm == "sync" else []
         if grouped:
@@ -177,7 +178,7 @@ def analyse(args: LlamaArgs, tp: int, batch: int, seq: int, dtype: str = "bfloat
             validate_tp_degree(a, tp, plan)
         except ValueError as e:
             rep.valid, rep.why_invalid = False, str(e)
-        rep.forward, rep.backward = block_collectives(a, plan, tp, tokens, grouped, norm)
+        rep.forward, rep.backward = block_collectives(a, plan, tp, tokens, grouped, norm, dtype)
         rep.gemms = block_gemms(a, plan, tp, tokens)
         rep.params_per_rank = _params_per_rank(a, plan, tp)
         rep.activation_bytes_per_rank = _activation_elems_per_rank(a, plan, tp, tokens) * nbytes

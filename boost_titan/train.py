@@ -20,6 +20,7 @@ from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
 from boost_titan import config as boost_config  # noqa: E402
+from boost_titan.compile import check_compile_config  # noqa: E402
 from boost_titan.pipeline import check_pipeline_config, pipeline_forward_backward  # noqa: E402
 
 
@@ -82,6 +83,7 @@ def check_config(config) -> None:
     from torchtitan.protocols.train_spec import _extra_train_specs
 
     boost_config.validate_boost_config(config.boost)
+    check_compile_config(config)
     ac = config.activation_checkpoint  # (the mode itself is a Literal: the parser checks it)
     if ac.mode == "selective" and not (ac.selective_ac_option == "op" or ac.selective_ac_option.isdigit()):
         raise ValueError(

@@ -158,6 +158,44 @@ def test_online_rmsnorm_sharded_equals_full(norm_mode):
         assert max_rel_err(grads[name], p.grad) < 1e-4, name
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_online_rmsnorm_statistics_keep_fp32_accuracy_in_a_bf16_latent(tp):
+    """A bf16 latent carries the statistics as exact hi/lo columns: 1/rms matches the
+    float64 RMSNorm scale to ~1e-5, where one bf16 column (summed in bf16) is off by
+    ~1e-3; the latent columns are the plain bf16 sum; the statistics' gradient is 1."""
+    from torch.distributed._local_tensor import LocalTensorMode
+
+    from boost_titan.tp_plans.btp import BTPComm
+    from tp_sim import plain
+
+    b, s, r, d = 2, 64, 8, 32 * tp
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(b, s, d, generator=g) * torch.logspace(-3, 3, s).view(1, s, 1)  # 1e-3 .. 1e3
+    shards = x.chunk(tp, -1)
+    latents = [torch.randn(b, s, r, generator=g).bfloat16() for _ in range(tp)]
+    ref_scale = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    with fake_world(tp) as mesh, LocalTensorMode(tp) as lm:
+        stats = lm.rank_map(lambda rank: shards[rank].float().pow(2).sum(-1, keepdim=True)).requires_grad_()
+        latent = lm.rank_map(lambda rank: latents[rank])
+        reduced_latent, total = BTPComm(mesh).reduce_down(latent, stats)
+        total.sum().backward()
+        stats_grad = plain(stats.grad)
+        total, reduced_latent = plain(total.detach()), plain(reduced_latent)
+    err = ((torch.rsqrt(total.double() / d + 1e-6) - ref_scale).abs() / ref_scale).max().item()
+    assert err < 1e-4, err
+    assert torch.equal(stats_grad, torch.ones_like(stats_grad))
+    expected = latents[0]
+    for t in latents[1:]:
+        expected = expected + t  # bf16 sums, in rank order
+    assert reduced_latent.dtype == torch.bfloat16 and torch.equal(reduced_latent, expected)
+    # the single bf16 column this replaces: summed in bf16, it misses 1e-3
+    naive = shards[0].float().pow(2).sum(-1, keepdim=True).bfloat16()
+    for shard in shards[1:]:
+        naive = naive + shard.float().pow(2).sum(-1, keepdim=True).bfloat16()
+    naive_err = ((torch.rsqrt(naive.double() / d + 1e-6) - ref_scale).abs() / ref_scale).max().item()
+    assert naive_err > 1e-3, naive_err
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_btp_rejects_dense_model_and_fullrank_rejects_low_rank():
     with pytest.raises(ValueError, match="does not apply to a dense model.*btp|valid plans"):

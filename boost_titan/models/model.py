@@ -56,8 +56,20 @@ def _keep_attention_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _recompute_all_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def _keep_attention_context():
     return create_selective_checkpoint_contexts(_keep_attention_policy)
+
+
+def _recompute_all_context():
+    # Recomputes everything, like a plain checkpoint, but through the selective
+    # path: under torch.compile (2.13) a plain checkpoint of a region with DTensor
+    # to_local/from_local saves the DeviceMesh as if it were a tensor and the
+    # compiled forward fails ("expected all tensors_saved_with_vc_check to be Tensors").
+    return create_selective_checkpoint_contexts(_recompute_all_policy)
 
 
 ATTN_PROJS = ("wq", "wk", "wv", "wo")
@@ -231,9 +243,9 @@ class LowRankBlock(nn.Module):
     def _run(self, chunk: str, fn, *args):
         if chunk not in self.checkpointed_chunks:
             return fn(*args)
-        if fn == self._attention and self.keep_attention:
-            return checkpoint(fn, *args, use_reentrant=False, context_fn=_keep_attention_context)
-        return checkpoint(fn, *args, use_reentrant=False)
+        keep = fn == self._attention and self.keep_attention
+        context = _keep_attention_context if keep else _recompute_all_context
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=context)
 
     def _latents(self, projs, reduced, stats, norm, prevs):
         """Reduced latents -> (latents for the B's, latents carried to the next block):

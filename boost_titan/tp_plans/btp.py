@@ -6,10 +6,13 @@ residual stream stays sharded on d for the whole stack and only [b, s, r] latent
 ranks. Per block and direction:
 
     forward                                   backward (mirror, at the B inputs)
-    A_q|A_k|A_v + attention_norm stats  3r+1  B_q,B_k,B_v latent grad   3r
+    A_q|A_k|A_v + attention_norm stats  3r+c  B_q,B_k,B_v latent grad   3r
     A_o                                  r    B_o latent grad            r
-    A_gate|A_up + ffn_norm stats        2r+1  B_gate,B_up latent grad   2r
+    A_gate|A_up + ffn_norm stats        2r+c  B_gate,B_up latent grad   2r
     A_down                               r    B_down latent grad         r
+
+c, the statistics columns: 1 for an fp32 latent; 2T for 16-bit latents (each rank's
+fp32 statistic as an exact hi/lo pair in its own columns, see ``reduce_down``).
 
 Every one of those collectives is in :class:`BTPComm` below; ``ungrouped`` splits them
 per projection, ``sync`` norm adds one statistics all-reduce per norm (and one more
@@ -24,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from boost_titan.models.bottleneck import LatentComm
@@ -46,12 +49,31 @@ class BTPComm(LatentComm):
         if stats is None:
             return all_reduce(latent, self.mesh), None
         # Online-RMSNorm: the per-token sum of squares rides in the same all-reduce as
-        # one extra column. In a bf16 latent it is rounded like the bf16 output of a
-        # plain RMSNorm would be (relative 2^-9), so nothing is lost against it.
+        # extra columns of the latent (one in fp32; 2T in 16-bit dtypes, see below).
         r = latent.shape[-1]
-        fused = all_reduce(torch.cat([latent, stats.to(latent.dtype)], -1), self.mesh)
-        reduced_stats = fused[..., r:].float()
-        return fused[..., :r], reduced_stats
+        columns = stats if latent.dtype == torch.float32 else self._exact_16bit_columns(stats, latent.dtype)
+        fused = all_reduce(torch.cat([latent, columns.to(latent.dtype)], -1), self.mesh)
+        total = fused[..., r:].float().sum(-1, keepdim=True)
+        # d(total)/d(this rank's stats) = 1: the gradient goes straight to the local
+        # fp32 statistics (as through an all-reduce), never through 16-bit columns
+        return fused[..., :r], stats + (total - stats).detach()
+
+    def _exact_16bit_columns(self, stats: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """fp32 statistics as 2T columns of a 16-bit latent, summed exactly.
+
+        A 16-bit all-reduce rounds every partial sum (bf16: 2^-9 relative, 1e-3 on
+        1/rms). Instead each rank writes its statistic as a hi + lo pair (16 mantissa
+        bits together, ~2^-17 relative) into its own two columns and zeros elsewhere:
+        adding zeros is exact, so after the all-reduce every rank holds all T pairs
+        and adds them in fp32."""
+        T = self.mesh.size()
+        hi = stats.to(dtype)
+        lo = (stats - hi.float()).to(dtype)
+        # this rank's row of the identity: a Replicate -> Shard slice, no collective
+        slot = DTensor.from_local(torch.eye(T, dtype=dtype, device=stats.device), self.mesh,
+                                  [Replicate()], run_check=False).redistribute(self.mesh, [Shard(0)]).to_local()
+        pair = torch.cat([hi, lo], -1)  # [..., 2]
+        return (slot.view(T, 1) * pair.unsqueeze(-2)).flatten(-2)  # [..., 2T]
 
     def enter_up(self, latent: torch.Tensor) -> torch.Tensor:
         # column-parallel B: its input gradient is a partial sum

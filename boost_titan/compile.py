@@ -1,0 +1,99 @@
+"""torch.compile for boost_titan models: torchtitan's per-block compile, made exact.
+
+Two torch 2.13 defects made compiled tensor-parallel runs silently wrong or crash;
+both are contained here, for every plan (ours and torchtitan's full-rank one):
+
+* **Cache keys without the rank.** AOTAutograd's cache key for a graph with DTensor
+  inputs hashes the DTensor spec (mesh, placements, global shape) but not which rank
+  traced it (pytorch/pytorch#188390; the upstream fix adds the CUDA device index,
+  which is no help on CPU or across nodes sharing a cache folder). Loss-parallel
+  cross-entropy bakes the rank's vocabulary offset into its graph, so on a warm cache
+  every rank loaded one rank's graph: wrong losses with no error (LaX BTP TP2 step 1:
+  16.75447 instead of 9.41918). :func:`use_rank_local_compile_cache` gives every rank
+  its own cache folder.
+* **Async collectives entering a compiled block.** ``RowwiseParallel`` (the vanilla
+  and full-rank embeddings) returns its output as an ``AsyncCollectiveTensor``; passed
+  into a compiled function, its autograd edge is lost or misrouted (backward crashed in
+  ``Redistribute.backward`` with a plain tensor). :func:`apply_compile` waits for such
+  inputs in eager, through an autograd-transparent identity, before each compiled
+  block runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+_RANK_DIR_MARK = "BOOST_COMPILE_CACHE_RANK"
+
+
+def use_rank_local_compile_cache() -> None:
+    """Point inductor's caches (FX graphs, AOTAutograd, kernels) at
+    ``<cache dir>/rank<R>`` in this process, so no rank ever loads another rank's
+    graph. Keeps ``TORCHINDUCTOR_CACHE_DIR`` if set (as the base); idempotent."""
+    if not torch.distributed.is_initialized():
+        return
+    rank = torch.distributed.get_rank()
+    if os.environ.get(_RANK_DIR_MARK) == str(rank):
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"rank{rank}")
+    os.environ[_RANK_DIR_MARK] = str(rank)
+
+
+class _WaitAsync(torch.autograd.Function):
+    """Identity that waits for an async collective's result (plain tensor out); its
+    backward passes the gradient through to the collective's autograd node."""
+
+    @staticmethod
+    def forward(ctx, t: AsyncCollectiveTensor) -> torch.Tensor:
+        return t.trigger_wait().view_as(t.elem)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _wait_async_inputs(module, args, kwargs):
+    if not any(isinstance(a, AsyncCollectiveTensor) for a in (*args, *kwargs.values())):
+        return None
+    wait = lambda a: _WaitAsync.apply(a) if isinstance(a, AsyncCollectiveTensor) else a  # noqa: E731
+    return tuple(wait(a) for a in args), {k: wait(v) for k, v in kwargs.items()}
+
+
+def apply_compile(model: nn.Module, compile_config) -> None:
+    """torchtitan's per-block ``torch.compile`` (fullgraph), with async-collective
+    inputs waited for before each compiled block."""
+    from torchtitan.models.llama3.infra.parallelize import apply_compile as titan_apply_compile
+
+    use_rank_local_compile_cache()
+    titan_apply_compile(model, compile_config)
+    for block in model.layers.values():
+        if block is not None:
+            block.register_forward_pre_hook(_wait_async_inputs, with_kwargs=True)
+
+
+def check_compile_config(config) -> None:
+    """Refuse, when the config is parsed, the compiled combinations torch 2.13 cannot
+    run correctly, naming what works instead."""
+    compile_cfg, boost = config.compile, config.boost
+    if not (compile_cfg.enable and "model" in compile_cfg.components):
+        return
+    tp = config.parallelism.tensor_parallel_degree
+    if (tp > 1 and boost.latent_checkpoint in ("attention", "both")
+            and boost.latent_checkpoint_keep == "none"):
+        # torch 2.13's partitioner saves the TP DeviceMesh among the recomputed
+        # attention chunk's tensors (an opaque object in the tensor slice), and the
+        # compiled forward fails at its first step
+        raise ValueError(
+            f"[boost] latent_checkpoint = {boost.latent_checkpoint!r} with "
+            "latent_checkpoint_keep = 'none' cannot be compiled under tensor parallelism "
+            f"(tensor_parallel_degree {tp}) with torch {torch.__version__}; use "
+            "latent_checkpoint_keep = 'attention' (the default), latent_checkpoint = 'mlp', "
+            "or [compile] enable = false"
+        )

@@ -1,0 +1,121 @@
+"""Compiled vs eager on real gloo TP ranks, many configurations per launch.
+
+Each configuration builds the model from the same seed on every rank, parallelizes it
+with ``parallelize_boost`` (the trainer's own function: TP plan, latent checkpointing,
+per-block compile) and trains a few AdamW steps with torchtitan's loss (compiled with
+the model, loss-parallel on) and gradient clipping; the compiled copy must give the
+eager copy's losses and grad norms. Used by ``tests/test_compile.py``; run directly to
+check one configuration: ``python tests/compile_check.py btp cola none attention``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TP = 2
+STEPS = 3
+
+
+def _job_config(plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac: str = "none"):
+    from boost_titan.train import parse_config
+
+    argv = ["--activation_checkpoint.mode", ac, "--boost.tp_plan", plan, "--boost.latent_checkpoint", latent_checkpoint,
+            "--boost.latent_checkpoint_keep", keep, "--training.seq_len", "32",
+            "--parallelism.tensor_parallel_degree", str(TP)]
+    if compiled:
+        argv.append("--compile.enable")
+    return parse_config(argv)
+
+
+def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, compiled, batches):
+    from torchtitan.distributed import utils as dist_utils
+
+    from boost_titan.models.model import Transformer
+    from boost_titan.parallelize import parallelize_boost
+    from boost_titan.pipeline import build_loss_fn
+
+    job_config = _job_config(plan, latent_checkpoint, keep, compiled, ac)
+    torch.manual_seed(0)  # same weights on every rank and in both runs
+    model = Transformer(args)
+    with torch.no_grad():
+        model.init_weights()
+    model = parallelize_boost(model, parallel_dims, job_config)
+    loss_fn = build_loss_fn(job_config)
+    context = dist_utils.get_train_context(True)  # loss-parallel, as the trainer
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4, weight_decay=0.1)
+    losses, norms = [], []
+    start = time.perf_counter()
+    for tokens, labels in batches:
+        with context():
+            loss = loss_fn(model(tokens), labels) / labels.numel()
+            loss.backward()
+        norm = dist_utils.clip_grad_norm_(list(model.parameters()), max_norm=1.0, foreach=True)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.full_tensor().item() if hasattr(loss, "full_tensor") else loss.item())
+        norms.append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
+    return losses, norms, time.perf_counter() - start
+
+
+def _worker(rank: int, init_file: str, cases: list, out_file: str):
+    from boost_titan import cpu_runtime
+
+    cpu_runtime.activate()
+    torch.set_num_threads(1)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(out_file), "inductor"))
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=TP)
+    try:
+        from torchtitan.distributed import ParallelDims
+
+        from boost_titan.models.flavors import flavors_for
+
+        sys.path.insert(0, os.path.dirname(__file__))
+        from tp_sim import small_args
+
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=TP, pp=1, ep=1, etp=1, world_size=TP)
+        dims.build_mesh()
+        results = []
+        for plan, arch, flavor, latent_checkpoint, keep, ac in cases:
+            args = small_args(flavors_for(arch)[flavor])
+            g = torch.Generator().manual_seed(1)
+            batches = [tuple(torch.randint(0, args.vocab_size, (2, 32), generator=g) for _ in range(2))
+                       for _ in range(STEPS)]
+            row = {"plan": plan, "arch": arch, "flavor": flavor, "latent_checkpoint": latent_checkpoint,
+                   "keep": keep, "ac": ac}
+            for mode in ("eager", "compiled"):
+                losses, norms, secs = _run(dims, copy.deepcopy(args), plan, latent_checkpoint, keep,
+                                           ac, mode == "compiled", batches)
+                row[mode] = {"loss": losses, "grad_norm": norms, "seconds": secs}
+            results.append(row)
+            torch._dynamo.reset()
+        if rank == 0:
+            with open(out_file, "w") as f:
+                json.dump(results, f, indent=1)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_cases(cases: list, workdir: str) -> list[dict]:
+    os.makedirs(workdir, exist_ok=True)
+    out_file = os.path.join(workdir, "results.json")
+    mp.spawn(_worker, args=(os.path.join(workdir, "init"), cases, out_file), nprocs=TP, join=True)
+    with open(out_file) as f:
+        return json.load(f)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    plan, arch, latent_checkpoint, keep = sys.argv[1:5]
+    flavor = sys.argv[5] if len(sys.argv) > 5 else "debugmodel"
+    ac = sys.argv[6] if len(sys.argv) > 6 else "none"
+    for row in run_cases([(plan, arch, flavor, latent_checkpoint, keep, ac)], tempfile.mkdtemp()):
+        print(json.dumps(row))
