@@ -80,20 +80,29 @@ def apply_compile(model: nn.Module, compile_config) -> None:
 
 def check_compile_config(config) -> None:
     """Refuse, when the config is parsed, the compiled combinations torch 2.13 cannot
-    run correctly, naming what works instead."""
+    run, naming what works instead.
+
+    Both come from one torch 2.13 defect: when a compiled block recomputes a region
+    that uses DTensor to_local/from_local, the partitioner saves the TP DeviceMesh
+    for backward among the saved tensors, and the compiled forward fails at the first
+    step ("expected all tensors_saved_with_vc_check to be Tensors ... DeviceMesh").
+    Under latent checkpointing this happens only where attention itself is
+    recomputed (keep = "none"); torchtitan's AC recomputes whole blocks."""
     compile_cfg, boost = config.compile, config.boost
-    if not (compile_cfg.enable and "model" in compile_cfg.components):
-        return
     tp = config.parallelism.tensor_parallel_degree
-    if (tp > 1 and boost.latent_checkpoint in ("attention", "both")
-            and boost.latent_checkpoint_keep == "none"):
-        # torch 2.13's partitioner saves the TP DeviceMesh among the recomputed
-        # attention chunk's tensors (an opaque object in the tensor slice), and the
-        # compiled forward fails at its first step
+    if not (compile_cfg.enable and "model" in compile_cfg.components and tp > 1):
+        return
+    where = f"when compiled under tensor parallelism (tensor_parallel_degree {tp}, torch {torch.__version__})"
+    if boost.latent_checkpoint in ("attention", "both") and boost.latent_checkpoint_keep == "none":
         raise ValueError(
-            f"[boost] latent_checkpoint = {boost.latent_checkpoint!r} with "
-            "latent_checkpoint_keep = 'none' cannot be compiled under tensor parallelism "
-            f"(tensor_parallel_degree {tp}) with torch {torch.__version__}; use "
-            "latent_checkpoint_keep = 'attention' (the default), latent_checkpoint = 'mlp', "
-            "or [compile] enable = false"
+            f"[boost] latent_checkpoint = {boost.latent_checkpoint!r} with latent_checkpoint_keep = "
+            f"'none' fails {where}; use latent_checkpoint_keep = 'attention' (the default), "
+            "latent_checkpoint = 'mlp', or [compile] enable = false"
+        )
+    ac = config.activation_checkpoint.mode
+    if ac != "none":
+        raise ValueError(
+            f"[activation_checkpoint] mode = {ac!r} fails {where}; with the btp plan use "
+            "[boost] latent_checkpoint (compiles, and re-runs no collective), otherwise set "
+            "[activation_checkpoint] mode = 'none' or [compile] enable = false"
         )

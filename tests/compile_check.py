@@ -65,12 +65,12 @@ def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, compiled, batch
     return losses, norms, time.perf_counter() - start
 
 
-def _worker(rank: int, init_file: str, cases: list, out_file: str):
+def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: str):
     from boost_titan import cpu_runtime
 
     cpu_runtime.activate()
     torch.set_num_threads(1)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(out_file), "inductor"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir  # parallelize_boost makes it rank-local
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=TP)
     try:
         from torchtitan.distributed import ParallelDims
@@ -103,10 +103,13 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str):
         dist.destroy_process_group()
 
 
-def run_cases(cases: list, workdir: str) -> list[dict]:
+def run_cases(cases: list, workdir: str, cache_dir: str | None = None) -> list[dict]:
+    """Run ``cases`` in one launch of TP ranks; inductor caches under ``cache_dir``
+    (default: a fresh folder in ``workdir``)."""
     os.makedirs(workdir, exist_ok=True)
     out_file = os.path.join(workdir, "results.json")
-    mp.spawn(_worker, args=(os.path.join(workdir, "init"), cases, out_file), nprocs=TP, join=True)
+    cache_dir = cache_dir or os.path.join(workdir, "inductor")
+    mp.spawn(_worker, args=(os.path.join(workdir, "init"), cases, out_file, cache_dir), nprocs=TP, join=True)
     with open(out_file) as f:
         return json.load(f)
 
