@@ -134,3 +134,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    if cpu_runtime.is_active():  # gloo's threads must not meet interpreter shutdown
+        cpu_runtime.exit_after_clean_shutdown()
