@@ -110,8 +110,8 @@ def test_layout_matches_single_process(references, tmp_path, arch, config, ngpu,
 
 
 BF16_STEPS = 10
-# measured: max relative loss difference 0.0 over 10 steps (see the closing note of #11)
-BF16_LOSS_RTOL = 1e-2
+# measured: max relative loss difference 1.9e-4 over 10 steps (bf16 vs fp32); 5x margin
+BF16_LOSS_RTOL = 1e-3
 
 
 @pytest.mark.slow

@@ -82,6 +82,17 @@ def test_tp2_loss_decreases(tp2_run):
     assert drop >= MIN_LOSS_DROP, f"loss fell by only {drop:.3f}: {losses}"
 
 
+def test_default_run_is_reproducible(tp2_run, tmp_path):
+    """Configs set [debug] seed: a second launch of the README's default run prints
+    the same losses and grad norms (steps 1-4: inside warm-up, where the LR does not
+    depend on the run's length)."""
+    again = run_training(TP2, 2, tmp_path / "again", "--training.steps", "4", "--validation.no-enable")
+    for rank in (0, 1):
+        for step in (1, 2, 3, 4):
+            assert again.loss[rank][step] == tp2_run.loss[rank][step], (rank, step)
+            assert again.grad_norm[rank][step] == tp2_run.grad_norm[rank][step], (rank, step)
+
+
 def test_tp2_metrics_logged_every_step(tp2_run):
     for metric in (tp2_run.memory_gib, tp2_run.tps, tp2_run.mfu, tp2_run.grad_norm):
         assert sorted(metric) == [0, 1]
