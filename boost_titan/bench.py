@@ -102,6 +102,7 @@ def compile_refusal(name: str, tp: int) -> str | None:
     config = SimpleNamespace(
         compile=SimpleNamespace(enable=True, components=["model", "loss"]),
         parallelism=SimpleNamespace(tensor_parallel_degree=tp),
+        activation_checkpoint=SimpleNamespace(mode="full" if ac == "full" else "none"),
         boost=SimpleNamespace(latent_checkpoint="both" if latent else "none",
                               latent_checkpoint_keep="none" if ac.endswith("recompute-attn") else "attention"),
     )
@@ -261,7 +262,9 @@ def _saved_activation_bytes(model, tokens, labels, loss_fn=lm_loss) -> int:
     """Bytes autograd keeps from forward to backward, parameters excluded: the memory
     activation checkpointing trades for recompute (exact, unlike RSS). Each storage
     counts once, however many ops or views keep it; outputs that selective
-    checkpointing caches (latent checkpointing's kept attention outputs) count too."""
+    checkpointing caches (latent checkpointing's kept attention outputs) count too.
+    Compiled variants: what the compiled graphs save (AOTAutograd's partitioner
+    decides, selective checkpointing included), seen by the same hook."""
     from unittest import mock
 
     from torch.distributed.tensor import DTensor

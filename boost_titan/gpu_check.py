@@ -57,6 +57,7 @@ class Sizes:
     numerics_dim: int | None = None  # None: the flavor's
     numerics_batch: int = 4
     numerics_seq: int = 256
+    tp2_archs: tuple[str, ...] = ARCHS
     throughput_flavor: str = "350m"
     throughput_dim: int | None = None
     throughput_batch: int = 8
@@ -69,7 +70,9 @@ class Sizes:
 
 
 # CPU: tiny shapes, same code paths (tests/test_bench.py runs it)
-SMOKE = Sizes(numerics_dim=128, numerics_batch=2, numerics_seq=32, throughput_flavor="debugmodel",
+# (TP2: one architecture per plan, full-rank and BTP; tracing DTensor code is slow)
+SMOKE = Sizes(numerics_dim=128, numerics_batch=2, numerics_seq=32, tp2_archs=("dense", "cola"),
+              throughput_flavor="debugmodel",
               throughput_dim=128, throughput_batch=2, throughput_seq=64, warmup=1, steps=2,
               gemm_dtype="float32", gemm_m_scale=0.002, gemm_seconds=0.02)
 
@@ -82,7 +85,8 @@ def model_args(arch: str, flavor: str, seq: int, dim: int | None):
     args = copy.deepcopy(flavors_for(arch)[flavor])
     args.max_seq_len = seq
     if dim is not None:
-        args.dim, args.ffn_dim, args.vocab_size, args.n_layers = dim, (dim * 8) // 3, 512, 2
+        # ffn ~ 8d/3 rounded up to a multiple of 8: divisible by the TP degree
+        args.dim, args.ffn_dim, args.vocab_size, args.n_layers = dim, -(-dim * 8 // 3 // 8) * 8, 512, 2
         if args.low_rank:
             args.rank = dim // 4
     args.validate()
@@ -141,13 +145,17 @@ def plain_name(name: str) -> str:
     return name.replace("_orig_mod.", "")
 
 
-def train_steps(model, loss_fn, tokens, labels, steps: int, *, context=None, amp_dtype=None, keep_grads=False):
-    """AdamW steps with the trainer's token-mean loss; returns losses, per-step seconds
-    and (``keep_grads``) the first step's local gradients by parameter name."""
+def adamw(model) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+
+
+def train_steps(model, opt, loss_fn, tokens, labels, steps: int, *, context=None, amp_dtype=None,
+                keep_grads=False):
+    """Steps with the trainer's token-mean loss; returns losses, per-step seconds and
+    (``keep_grads``) the first step's local gradients by parameter name."""
     import contextlib
 
     device = tokens.device
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     losses, times, grads = [], [], {}
     for i in range(steps):
         sync(device)
@@ -204,6 +212,31 @@ class PeakMemory:
         return max(0, peak_rss_bytes() - self.base) / 2**20
 
 
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def fail_rather_than_fall_back() -> None:
+    """Past dynamo's recompile limit a block would silently run eager, and eager
+    numbers would be reported as compiled: make that an error instead."""
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+def guarded(fn, *args) -> dict:
+    """``fn(*args)``, or its error: one failing part must not cost a GPU session the
+    results of the others."""
+    import traceback
+
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - reported in the results and the exit status
+        traceback.print_exc()
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
 def release(device: torch.device) -> None:
     """Forget compiled graphs and cached memory between runs: each run starts alike."""
     import gc
@@ -218,28 +251,30 @@ def release(device: torch.device) -> None:
 def numerics(sizes: Sizes, device: torch.device, backend: str) -> dict:
     """Eager vs compiled, every architecture, one device, fp32."""
     torch.set_float32_matmul_precision("highest")  # no TF32: compare fp32 with fp32
-    mem = PeakMemory(device)
-    rows = {}
-    for arch in ARCHS:
-        args = model_args(arch, sizes.numerics_flavor, sizes.numerics_seq, sizes.numerics_dim)
-        tokens, labels = batch(args.vocab_size, sizes.numerics_batch, sizes.numerics_seq, device)
-        from torchtitan.components.loss import cross_entropy_loss
+    rows = {arch: guarded(_numerics_arch, arch, sizes, device, backend) for arch in ARCHS}
+    return {"dtype": "float32", "flavor": sizes.numerics_flavor, "batch": sizes.numerics_batch,
+            "seq": sizes.numerics_seq, "steps": NUMERIC_STEPS, "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL,
+            "archs": rows}
 
-        runs = {}
+
+def _numerics_arch(arch: str, sizes: Sizes, device: torch.device, backend: str) -> dict:
+    from torchtitan.components.loss import cross_entropy_loss
+
+    mem = PeakMemory(device)
+    args = model_args(arch, sizes.numerics_flavor, sizes.numerics_seq, sizes.numerics_dim)
+    tokens, labels = batch(args.vocab_size, sizes.numerics_batch, sizes.numerics_seq, device)
+    runs, peaks = {}, {}
+    try:
         for mode in ("eager", "compiled"):
             model = build_model(args, device)
             loss_fn = compile_like_trainer(model, backend) if mode == "compiled" else cross_entropy_loss
             mem.start()
-            runs[mode] = train_steps(model, loss_fn, tokens, labels, NUMERIC_STEPS, keep_grads=True)
-            runs[mode + "_peak_mem_mib"] = mem.peak_mib()
+            runs[mode] = train_steps(model, adamw(model), loss_fn, tokens, labels, NUMERIC_STEPS, keep_grads=True)
+            peaks[f"{mode}_peak_mem_mib"] = mem.peak_mib()
             del model
-            release(device)
-        rows[arch] = {**compare(runs["eager"], runs["compiled"]),
-                      "eager_peak_mem_mib": runs["eager_peak_mem_mib"],
-                      "compiled_peak_mem_mib": runs["compiled_peak_mem_mib"]}
-    return {"dtype": "float32", "flavor": sizes.numerics_flavor, "batch": sizes.numerics_batch,
-            "seq": sizes.numerics_seq, "steps": NUMERIC_STEPS, "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL,
-            "archs": rows}
+    finally:
+        release(device)
+    return {**compare(runs["eager"], runs["compiled"]), **peaks}
 
 
 def _tp2_worker(rank: int, cfg: dict, init_file: str, out_file: str) -> None:
@@ -256,8 +291,9 @@ def _tp2_worker(rank: int, cfg: dict, init_file: str, out_file: str) -> None:
         from boost_titan.compile import use_rank_local_compile_cache
 
         use_rank_local_compile_cache()  # before anything compiles (see compile.py)
-        rows = {arch: _tp2_arch(arch, cfg, torch.device("cuda", rank) if cuda else torch.device("cpu"))
-                for arch in ARCHS}
+        fail_rather_than_fall_back()
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        rows = {arch: _tp2_arch(arch, cfg, device) for arch in cfg["sizes"]["tp2_archs"]}
         if rank == 0:
             Path(out_file).write_text(json.dumps(rows))
     finally:
@@ -282,8 +318,8 @@ def _tp2_arch(arch: str, cfg: dict, device: torch.device) -> dict:
     for mode in ("eager", "compiled"):
         model = build_model(args, device, lambda m: apply_tp_plan(plan, m, mesh, loss_parallel=True, job_config=job))
         loss_fn = compile_like_trainer(model, cfg["backend"]) if mode == "compiled" else cross_entropy_loss
-        runs[mode] = train_steps(model, loss_fn, tokens, labels, NUMERIC_STEPS, context=loss_parallel,
-                                 keep_grads=True)
+        runs[mode] = train_steps(model, adamw(model), loss_fn, tokens, labels, NUMERIC_STEPS,
+                                 context=loss_parallel, keep_grads=True)
         del model
         release(device)
     row = compare(runs["eager"], runs["compiled"])
@@ -344,9 +380,12 @@ def throughput(sizes: Sizes, device: torch.device, backend: str) -> dict:
         for mode in ("eager", "compiled"):
             model = build_model(args, device)
             loss_fn = compile_like_trainer(model, backend) if mode == "compiled" else cross_entropy_loss
-            first = train_steps(model, loss_fn, tokens, labels, 1 + sizes.warmup, amp_dtype=torch.bfloat16)
+            opt = adamw(model)
+            graphs_before = graphs_compiled()
+            first = train_steps(model, opt, loss_fn, tokens, labels, 1 + sizes.warmup, amp_dtype=torch.bfloat16)
+            graphs_warm = graphs_compiled()
             mem.start()  # steady state: weights, gradients, Adam moments, activations
-            losses, times, _ = train_steps(model, loss_fn, tokens, labels, sizes.steps, amp_dtype=torch.bfloat16)
+            _, times, _ = train_steps(model, opt, loss_fn, tokens, labels, sizes.steps, amp_dtype=torch.bfloat16)
             med = statistics.median(times)
             tps = tokens_per_step / med
             runs[f"{arch} {mode}"] = {
@@ -354,8 +393,11 @@ def throughput(sizes: Sizes, device: torch.device, backend: str) -> dict:
                 "step_time_median_s": med, "step_time_min_s": min(times), "step_time_max_s": max(times),
                 "tokens_per_s": tps, "mfu": tps * args.flops_per_token(sizes.throughput_seq) / peak,
                 "peak_mem_mib": mem.peak_mib(), "params": sum(p.numel() for p in model.parameters()),
+                "graphs_compiled": graphs_warm - graphs_before,
+                # > 0: compilation inside the timed steps (raise --warmup)
+                "graphs_compiled_in_timed_steps": graphs_compiled() - graphs_warm,
             }
-            del model
+            del model, opt
             release(device)
     return {"flavor": sizes.throughput_flavor, "dtype": "bfloat16 autocast, fp32 weights",
             "batch": sizes.throughput_batch, "seq": sizes.throughput_seq, "warmup": sizes.warmup,
@@ -377,21 +419,26 @@ def _throughput_ratios(runs: dict) -> dict:
 def memory(results: dict, device: torch.device) -> dict:
     """Every run's peak memory in one place."""
     peaks = {}
-    for arch, row in results["numerics"]["archs"].items():
-        peaks[f"numerics {arch} eager"] = row["eager_peak_mem_mib"]
-        peaks[f"numerics {arch} compiled"] = row["compiled_peak_mem_mib"]
-    for name, row in results["throughput"]["runs"].items():
+    for arch, row in results.get("numerics", {}).get("archs", {}).items():
+        for mode in ("eager", "compiled"):
+            if f"{mode}_peak_mem_mib" in row:
+                peaks[f"numerics {arch} {mode}"] = row[f"{mode}_peak_mem_mib"]
+    for name, row in results.get("throughput", {}).get("runs", {}).items():
         peaks[f"throughput {name}"] = row["peak_mem_mib"]
     return {"source": PeakMemory(device).source, "peak_mem_mib": peaks}
 
 
 # ----------------------------------------------------------------------------- report
 def failures(results: dict) -> list[str]:
-    """One line per architecture whose compiled run does not match eager."""
-    out = []
+    """One line per section that failed and per architecture whose compiled run
+    failed or does not match eager."""
+    out = [f"{name}: {section['error']}" for name, section in results.items()
+           if isinstance(section, dict) and "error" in section]
     for section in ("numerics", "tp2"):
-        for arch, row in results[section]["archs"].items():
-            if not row["ok"]:
+        for arch, row in results.get(section, {}).get("archs", {}).items():
+            if "error" in row:
+                out.append(f"{section} {arch}: {row['error']}")
+            elif not row["ok"]:
                 out.append(f"{section} {arch}: loss rel diff {row['loss_max_rel_diff']:.2e} (max {LOSS_RTOL:g}), "
                            f"grad rel diff {row['grad_max_rel_diff']:.2e} (max {GRAD_RTOL:g})")
     return out
@@ -400,18 +447,34 @@ def failures(results: dict) -> list[str]:
 def markdown(results: dict) -> str:
     lines = [f"# GPU check: {results['device']}, torch {results['torch']}, {results['backend']}"
              f"{' (smoke)' if results['smoke'] else ''}, {results['seconds']:.0f} s", ""]
-    lines += _numerics_md("Eager vs compiled, one device, fp32", results["numerics"])
-    tp = results["tp2"]
-    if tp["ran"]:
-        lines += _numerics_md(f"Eager vs compiled, TP2 on {tp['ranks']}, fp32", tp)
-    else:
-        lines += [f"TP2 skipped: {tp['reason']}; {tp['note']}", ""]
-    g = results["gemm"]
-    lines += [f"Per-rank block GEMMs, {g['flavor']} TP{g['tp']}, m = {g['m']}, {g['dtype']}:", ""]
+    for name in SECTIONS:
+        if "error" in results.get(name, {}):
+            lines += [f"{name}: **ERROR** {results[name]['error']}", ""]
+    if "archs" in results.get("numerics", {}):
+        lines += _numerics_md("Eager vs compiled, one device, fp32", results["numerics"])
+    if "ran" in results.get("tp2", {}):
+        tp = results["tp2"]
+        if tp["ran"]:
+            lines += _numerics_md(f"Eager vs compiled, TP2 on {tp['ranks']}, fp32", tp)
+        else:
+            lines += [f"TP2 skipped: {tp['reason']}; {tp['note']}", ""]
+    if "plans" in results.get("gemm", {}):
+        lines += _gemm_md(results["gemm"])
+    if "runs" in results.get("throughput", {}):
+        lines += _throughput_md(results["throughput"])
+    lines += [f"Peak memory source: {results['memory']['source']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _gemm_md(g: dict) -> list[str]:
+    lines = [f"Per-rank block GEMMs, {g['flavor']} TP{g['tp']}, m = {g['m']}, {g['dtype']}:", ""]
     lines += [f"- {plan}: {r['tflops']:.2f} TFLOP/s ({r['block_gemm_time_s'] * 1e3:.2f} ms per block)"
               for plan, r in g["plans"].items()]
-    t = results["throughput"]
-    lines += ["", f"Throughput, {t['flavor']}, {t['dtype']}, batch {t['batch']} x seq {t['seq']}, "
+    return lines + [""]
+
+
+def _throughput_md(t: dict) -> list[str]:
+    lines = [f"Throughput, {t['flavor']}, {t['dtype']}, batch {t['batch']} x seq {t['seq']}, "
               f"{t['steps']} steps after {t['warmup']} warm-up (MFU vs {t['peak_flops']:.3g} FLOP/s, "
               f"{t['peak_flops_source']}):", "",
               "| run | first step s | step s (median) | tokens/s | MFU | peak MiB |", "|---|---|---|---|---|---|"]
@@ -419,8 +482,10 @@ def markdown(results: dict) -> str:
         lines.append(f"| {name} | {r['first_step_s']:.1f} | {r['step_time_median_s']:.4f} | {r['tokens_per_s']:.0f} "
                      f"| {100 * r['mfu']:.1f}% | {r['peak_mem_mib']:.0f} |")
     lines += [""] + [f"- {k}: {v:.3g}" for k, v in t["ratios"].items()]
-    lines += ["", f"Peak memory source: {results['memory']['source']}"]
-    return "\n".join(lines) + "\n"
+    recompiled = [n for n, r in t["runs"].items() if r["graphs_compiled_in_timed_steps"]]
+    if recompiled:
+        lines.append(f"- Warning: graphs compiled during the timed steps of {recompiled} (raise --warmup)")
+    return lines + [""]
 
 
 def _numerics_md(title: str, section: dict) -> list[str]:
@@ -428,6 +493,9 @@ def _numerics_md(title: str, section: dict) -> list[str]:
              "| arch | loss eager / compiled (step 1) | loss rel diff | grad rel diff | compile step s | ok |",
              "|---|---|---|---|---|---|"]
     for arch, r in section["archs"].items():
+        if "error" in r:
+            lines.append(f"| {arch} | **ERROR** {r['error'][:200]} | | | | **NO** |")
+            continue
         plan = f" ({r['plan']})" if "plan" in r else ""
         lines.append(f"| {arch}{plan} | {r['eager_loss'][0]:.6f} / {r['compiled_loss'][0]:.6f} "
                      f"| {r['loss_max_rel_diff']:.1e} | {r['grad_max_rel_diff']:.1e} | {r['compile_step_s']:.1f} "
@@ -436,21 +504,24 @@ def _numerics_md(title: str, section: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- main
-def run(sizes: Sizes, smoke: bool, backend: str) -> dict:
-    """Every section, in order; each section's wall time is recorded."""
+SECTIONS = ("numerics", "tp2", "gemm", "throughput")
+
+
+def run(sizes: Sizes, smoke: bool, backend: str, sections: tuple[str, ...] = SECTIONS) -> dict:
+    """The chosen sections, in order, each one's wall time recorded; then memory."""
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    fail_rather_than_fall_back()
     start = time.perf_counter()
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
                "torch": torch.__version__, "backend": backend, "smoke": smoke, "sizes": asdict(sizes),
                "section_seconds": {}}
-    for name, fn in (("numerics", lambda: numerics(sizes, device, backend)),
-                     ("tp2", lambda: tp2(sizes, smoke, backend)),
-                     ("gemm", lambda: gemm(sizes)),
-                     ("throughput", lambda: throughput(sizes, device, backend))):
+    fns = {"numerics": lambda: numerics(sizes, device, backend), "tp2": lambda: tp2(sizes, smoke, backend),
+           "gemm": lambda: gemm(sizes), "throughput": lambda: throughput(sizes, device, backend)}
+    for name in sections:
         t0 = time.perf_counter()
-        results[name] = fn()
+        results[name] = guarded(fns[name])
         results["section_seconds"][name] = time.perf_counter() - t0
         print(f"[gpu_check] {name} done in {results['section_seconds'][name]:.0f} s", flush=True)
     results["memory"] = memory(results, device)
@@ -469,7 +540,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="outputs/gpu_check", help="folder for gpu_check.json")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the code paths in a minute or two")
-    p.add_argument("--backend", default="inductor", help="torch.compile backend")
+    p.add_argument("--backend", default=None,
+                   help="torch.compile backend (default inductor; --smoke: aot_eager, which traces and partitions "
+                        "as inductor does but skips C++ code generation, minutes on a small CPU)")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {list(SECTIONS)}")
     p.add_argument("--batch", type=int, default=None, help=f"throughput batch (default {Sizes.throughput_batch})")
     p.add_argument("--seq", type=int, default=None, help=f"throughput sequence length (default {Sizes.throughput_seq})")
     p.add_argument("--steps", type=int, default=None, help=f"timed throughput steps (default {Sizes.steps})")
@@ -481,12 +555,15 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
     if a.warmup is not None and a.warmup < 0:
         p.error(f"--warmup must be >= 0, got {a.warmup}")
-    if a.smoke and torch.cuda.is_available():
-        p.error("--smoke checks the code paths on CPU; hide the GPUs (CUDA_VISIBLE_DEVICES=) or drop --smoke")
+    sections = tuple(s.strip() for s in a.sections.split(","))
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown sections {unknown}; valid: {list(SECTIONS)}")
+    backend = a.backend or ("aot_eager" if a.smoke else "inductor")
     from boost_titan import cpu_runtime
 
     cpu_runtime.activate()
-    results = run(_sizes(a), a.smoke, a.backend)
+    results = run(_sizes(a), a.smoke, backend, sections)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))

@@ -1,8 +1,10 @@
-"""The side-by-side benchmark runs end to end in smoke mode and writes its outputs."""
+"""The side-by-side benchmark runs end to end in smoke mode and writes its outputs;
+its flags do what they say; the GPU check's smoke mode covers every section."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -73,3 +75,142 @@ def test_bench_checkpointing_variants(tmp_path):
     kept = (v["btp latent-ckpt"]["saved_activation_mib"]
             - v["btp latent-ckpt recompute-attn"]["saved_activation_mib"]) * 2**20
     assert kept == 2 * (2 * 64 * 64 + 2 * 4 * 64) * 4
+
+
+def test_gemm_mode_honours_tp_batch_seq(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "boost_titan.bench", "--gemm", "--tp", "2", "--batch", "1", "--seq", "64",
+         "--dtype", "float32", "--gemm-seconds", "0.01", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gemm.json").read_text())
+    assert (res["tp"], res["m"], res["batch"], res["seq"]) == (2, 64, 1, 64)
+    # full-rank wq at TP2: column-parallel, 4096 -> 4096 / 2 per rank
+    wq = next(g for g in res["plans"]["fullrank"]["gemms"] if g["gemm"] == "wq")
+    assert (wq["m"], wq["k"], wq["n"]) == (64, 4096, 2048)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gemm", "--dim", "512"], "--dim 512 only apply to the training benchmark"),
+    (["--gemm", "--compile"], "--compile applies to the training benchmark"),
+    (["--compile", "--warmup", "0"], "--compile needs --warmup >= 1"),
+    (["--tp", "0"], "--tp must be >= 1, got 0"),
+])
+def test_bench_refuses_flags_it_would_ignore(tmp_path, capsys, argv, message):
+    from boost_titan import bench
+
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv + ["--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_tp_needs_that_many_gpus(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from boost_titan import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit):
+        bench.main(["--tp", "4", "--out", str(tmp_path)])
+    assert "--tp 4 needs 4 GPUs; only 2 visible" in capsys.readouterr().err
+
+
+def _raw(step: float, loss: float) -> dict:
+    return {"step_times": [step, step], "rep_times": [step], "comm_times": [0.1 * step],
+            "instrumented_step_times": [step], "bytes_per_step": 100, "collectives_per_step": 3,
+            "peak_step_mem_bytes": 2**20, "saved_activation_bytes": 2**20, "param_bytes_per_rank": 2**20,
+            "warmup_times": [10 * step], "first_step_loss": loss, "graphs_compiled_in_timed_steps": 0}
+
+
+def test_summary_puts_compiled_beside_eager():
+    from boost_titan import bench
+
+    raw = {"btp": _raw(0.2, 6.0), "btp [compiled]": _raw(0.1, 6.0),
+           "vanilla": _raw(0.4, 6.1), "vanilla [compiled]": _raw(0.25, 6.1 * (1 + 3e-4))}
+    summary = bench.summarise(raw, bench.SMOKE, 2, "CPU", "inductor")
+    comp = summary["compile"]["variants"]
+    assert comp["btp"]["compiled_vs_eager_tokens_per_s"] == pytest.approx(2.0)
+    assert comp["btp"]["compile_step_s"] == pytest.approx(1.0) and comp["btp"]["loss_match"]
+    assert not comp["vanilla"]["loss_match"]
+    ratios = summary["ratios"]
+    assert ratios["btp_vs_vanilla_tokens_per_s"] == pytest.approx(2.0)
+    assert ratios["btp_vs_vanilla_tokens_per_s_compiled"] == pytest.approx(2.5)
+    assert ratios["btp_compiled_vs_eager_tokens_per_s"] == pytest.approx(2.0)
+    [mismatch] = bench.loss_mismatches(summary)
+    assert mismatch.startswith("vanilla: eager 6.100000")
+    md = bench.markdown(summary)
+    assert "| btp [compiled] |" in md and "**MISMATCH**" in md
+
+
+def test_eager_summary_has_no_compile_section():
+    from boost_titan import bench
+
+    summary = bench.summarise({"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, bench.SMOKE, 2, "CPU")
+    assert "compile" not in summary
+    assert set(summary["ratios"]) == {"btp_vs_vanilla_tokens_per_s", "vanilla_vs_btp_bytes"}
+
+
+def test_compile_twins_skip_what_the_trainer_refuses():
+    from boost_titan import bench
+
+    names, refused = bench.with_compiled(list(bench.AC_VARIANTS), tp=2)
+    assert names[:2] == ["btp", "btp [compiled]"]
+    assert "btp latent-ckpt [compiled]" in names
+    assert set(refused) == {"btp latent-ckpt recompute-attn", "btp full-ac", "vanilla full-ac"}
+    assert bench.with_compiled(list(bench.AC_VARIANTS), tp=1)[1] == {}
+
+
+@pytest.mark.slow
+def test_bench_compile_smoke(tmp_path):
+    out = tmp_path / "bench_c"
+    proc = subprocess.run(
+        [sys.executable, "-m", "boost_titan.bench", "--smoke", "--compile", "--variants", "btp,vanilla",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "results.json").read_text())
+    v = summary["variants"]
+    assert list(v) == ["btp", "btp [compiled]", "vanilla", "vanilla [compiled]"]
+    for name in ("btp", "vanilla"):
+        c = summary["compile"]["variants"][name]
+        assert c["loss_match"] and c["first_step_loss_rel_diff"] < 1e-4, c
+        assert c["compile_step_s"] > 0 and c["compiled_tokens_per_s"] > 0
+        # the compiled graphs issue exactly the eager step's collectives (profiler-counted)
+        compiled = v[f"{name} [compiled]"]
+        assert (compiled["collectives_per_step"], compiled["bytes_per_step"]) == (
+            v[name]["collectives_per_step"], v[name]["bytes_per_step"])
+    assert {"btp_vs_vanilla_tokens_per_s_compiled", "btp_compiled_vs_eager_tokens_per_s"} <= set(summary["ratios"])
+    assert "| btp [compiled] |" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke(tmp_path):
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    out = tmp_path / "gpu_check"
+    proc = subprocess.run(["bash", str(script), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200, env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| cola compiled |" in proc.stdout  # the markdown summary
+    res = json.loads((out / "gpu_check.json").read_text())
+    assert set(res) >= {"numerics", "tp2", "gemm", "throughput", "memory"}
+    for section in ("numerics", "tp2"):
+        assert res[section]["archs"], section
+        for arch, r in res[section]["archs"].items():
+            assert "error" not in r and r["ok"] and r["loss_max_rel_diff"] < 1e-4 and r["grad_max_rel_diff"] < 1e-3, (section, arch, r)
+            assert len(r["eager_loss"]) == len(r["compiled_loss"]) == 2
+    assert set(res["numerics"]["archs"]) == {"dense", "svd", "cola", "lax"}
+    assert res["tp2"]["ran"] and res["tp2"]["archs"]["cola"]["plan"] == "btp"
+    assert set(res["gemm"]["plans"]) == {"fullrank", "vanilla", "btp"}
+    assert all(p["tflops"] > 0 for p in res["gemm"]["plans"].values())
+    runs = res["throughput"]["runs"]
+    assert set(runs) == {"cola eager", "cola compiled", "dense eager", "dense compiled"}
+    for name, r in runs.items():
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["first_step_s"] > 0, name
+    assert len(res["memory"]["peak_mem_mib"]) == 12
+    assert all(m >= 0 for m in res["memory"]["peak_mem_mib"].values())
