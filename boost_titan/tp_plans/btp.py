@@ -54,9 +54,10 @@ class BTPComm(LatentComm):
         columns = stats if latent.dtype == torch.float32 else self._exact_16bit_columns(stats, latent.dtype)
         fused = all_reduce(torch.cat([latent, columns.to(latent.dtype)], -1), self.mesh)
         total = fused[..., r:].float().sum(-1, keepdim=True)
-        # d(total)/d(this rank's stats) = 1: the gradient goes straight to the local
-        # fp32 statistics (as through an all-reduce), never through 16-bit columns
-        return fused[..., :r], stats + (total - stats).detach()
+        # value: exactly the reduced total (+ 0, bitwise the same on every rank);
+        # gradient: straight to this rank's fp32 statistics, d(total)/d(stats) = 1
+        # (as through an all-reduce), never through the 16-bit columns
+        return fused[..., :r], total.detach() + (stats - stats.detach())
 
     def _exact_16bit_columns(self, stats: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """fp32 statistics as 2T columns of a 16-bit latent, summed exactly.
