@@ -12,6 +12,7 @@ LAX_GATES = ("kron", "dense")
 LATENT_ACTS = ("default", "silu", "none")
 LATENT_CHECKPOINT = ("none", "attention", "mlp", "both")
 LATENT_CHECKPOINT_KEEP = ("attention", "none")
+NAN_POLICIES = ("stop", "skip")
 
 
 @dataclass
@@ -66,6 +67,16 @@ class Boost:
     """Peak FLOP/s used for MFU on CPU runs (0: measure an fp32 matmul at start-up).
     `python -m boost_titan.tools.peak_flops` prints this machine's figure."""
 
+    nan_policy: str = "stop"
+    """What a step whose loss or gradient norm is NaN/inf does. The update is never
+    applied (no optimizer or LR-scheduler step). "stop": the run ends with an error
+    naming the step, and no checkpoint is written after the last good one. "skip":
+    the step is logged as skipped and training goes on with the next batch, up to
+    ``nan_max_consecutive_skips`` skipped steps in a row, then it stops as "stop" does."""
+
+    nan_max_consecutive_skips: int = 3
+    """With nan_policy = "skip": consecutive non-finite steps tolerated before stopping."""
+
     log_comm: bool = False
     """Count tensor-parallel collectives (count and bytes, forward/backward) on the
     first training step and log them."""
@@ -89,6 +100,11 @@ def validate_boost_config(boost: Boost) -> None:
     _check("latent_act", boost.latent_act, LATENT_ACTS)
     _check("latent_checkpoint", boost.latent_checkpoint, LATENT_CHECKPOINT)
     _check("latent_checkpoint_keep", boost.latent_checkpoint_keep, LATENT_CHECKPOINT_KEEP)
+    _check("nan_policy", boost.nan_policy, NAN_POLICIES)
+    if boost.nan_max_consecutive_skips < 1:
+        raise ValueError(
+            f"[boost] nan_max_consecutive_skips = {boost.nan_max_consecutive_skips} must be >= 1"
+        )
     if boost.latent_checkpoint_every < 1:
         raise ValueError(f"[boost] latent_checkpoint_every = {boost.latent_checkpoint_every} must be >= 1")
     if boost.rank < 0:

@@ -14,14 +14,12 @@ cpu_runtime.activate()  # before torchtitan is imported: it fixes device_type at
 import os  # noqa: E402
 
 import torch  # noqa: E402
-from torchtitan.config import ConfigManager, JobConfig  # noqa: E402
 from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import config as boost_config  # noqa: E402
-from boost_titan.compile import check_compile_config  # noqa: E402
-from boost_titan.pipeline import check_pipeline_config, pipeline_forward_backward  # noqa: E402
+from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
+from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
 
 
 class BoostTrainer(Trainer):
@@ -64,46 +62,6 @@ class BoostTrainer(Trainer):
             {f"comm/{k}": v for k, v in report["totals"].items()}, step=self.step
         )
         return loss
-
-
-def config_class():
-    return ConfigManager._merge_configs(JobConfig, boost_config.JobConfig)
-
-
-def parse_config(args: list[str]):
-    config = ConfigManager(config_cls=config_class()).parse_args(args)
-    check_config(config)
-    return config
-
-
-def check_config(config) -> None:
-    """Fail early, with the valid choices: [boost] values, selective AC option, model
-    name and flavor, pipeline split and microbatching."""
-    from torchtitan.models import _supported_models
-    from torchtitan.protocols.train_spec import _extra_train_specs
-
-    boost_config.validate_boost_config(config.boost)
-    check_compile_config(config)
-    ac = config.activation_checkpoint  # (the mode itself is a Literal: the parser checks it)
-    if ac.mode == "selective" and not (ac.selective_ac_option == "op" or ac.selective_ac_option.isdigit()):
-        raise ValueError(
-            f"[activation_checkpoint] selective_ac_option = {ac.selective_ac_option!r} is not "
-            "valid; use 'op' or a positive integer (every n-th block)"
-        )
-    name, flavor = config.model.name, config.model.flavor
-    ours = sorted(_extra_train_specs)
-    if name not in _extra_train_specs and name not in _supported_models:
-        raise ValueError(
-            f"unknown model name {name!r}; boost_titan models: {ours}, "
-            f"torchtitan models: {sorted(_supported_models)}"
-        )
-    if name in _extra_train_specs:
-        table = _extra_train_specs[name].model_args
-        if flavor not in table:
-            raise ValueError(
-                f"unknown flavor {flavor!r} for model {name!r}; valid flavors: {sorted(table)}"
-            )
-        check_pipeline_config(config, table[flavor].n_layers)
 
 
 def main(argv: list[str] | None = None) -> None:
