@@ -2,6 +2,12 @@
 # torchtitan-style launcher:
 #   CONFIG_FILE=train_configs/X.toml NGPU=2 ./run_train.sh [--section.key value ...]
 # NGPU = processes on this machine (GPUs, or CPU ranks on gloo when no GPU is visible).
+# MAX_RESTARTS = times torchrun restarts the ranks after one dies (they resume from the
+#   newest complete checkpoint); SHUTDOWN_TIMEOUT = seconds the ranks get, after SIGTERM,
+#   to finish their step and save a checkpoint before SIGKILL.
+# SIGTERM (e.g. SLURM preemption) to this script, to torchrun or to the ranks: the ranks
+# save a checkpoint of the current step and the script exits 0 (README: "When things go
+# wrong").
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -9,13 +15,42 @@ NGPU=${NGPU:-2}
 export LOG_RANK=${LOG_RANK:-0}
 CONFIG_FILE=${CONFIG_FILE:-./train_configs/debug_cola_btp_tp2.toml}
 TRAIN_FILE=${TRAIN_FILE:-boost_titan.train}
+MAX_RESTARTS=${MAX_RESTARTS:-0}
+SHUTDOWN_TIMEOUT=${SHUTDOWN_TIMEOUT:-120}
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
 fi
+
+# rank 0 writes "preempted step=N checkpoint=PATH" here once a preemption checkpoint is saved
+export BOOST_TITAN_STATUS_FILE
+BOOST_TITAN_STATUS_FILE=$(mktemp "${TMPDIR:-/tmp}/boost_titan_status.XXXXXX")
+export BOOST_TITAN_LAUNCHER_PID=$$
+if [[ "$MAX_RESTARTS" != 0 ]]; then
+  # torchrun's shared rendezvous TCPStore keeps the previous attempt's process-group keys:
+  # restarted ranks then connect to dead peers (pytorch#135712, #167288). Unshared, worker
+  # rank 0 hosts a fresh store on every attempt.
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+fi
+trap 'rm -f "$BOOST_TITAN_STATUS_FILE"' EXIT
 
 PYTORCH_ALLOC_CONF=${PYTORCH_ALLOC_CONF:-expandable_segments:True} \
 HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} \
 "$PYTHON" -m torch.distributed.run --nproc_per_node="$NGPU" \
   --rdzv_backend c10d --rdzv_endpoint="localhost:0" \
+  --max-restarts "$MAX_RESTARTS" --shutdown-timeout "$SHUTDOWN_TIMEOUT" \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
-  -m "$TRAIN_FILE" --job.config_file "$CONFIG_FILE" "$@"
+  -m "$TRAIN_FILE" --job.config_file "$CONFIG_FILE" "$@" &
+launcher=$!
+# torchrun runs in the background so that a SIGTERM to this script is forwarded at once
+# (bash runs traps only between foreground commands)
+trap 'kill -TERM "$launcher" 2>/dev/null || true' TERM
+rc=0
+while true; do
+  wait "$launcher" && rc=0 || rc=$?
+  kill -0 "$launcher" 2>/dev/null || break  # wait also returns when a trapped signal arrives
+done
+if [[ $rc -ne 0 ]] && grep -q '^preempted' "$BOOST_TITAN_STATUS_FILE"; then
+  echo "run_train.sh: $(cat "$BOOST_TITAN_STATUS_FILE"); exiting 0 (rerun the same command to resume)"
+  rc=0
+fi
+exit "$rc"

@@ -18,22 +18,85 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
+from boost_titan import fault  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
 
 
 class BoostTrainer(Trainer):
-    """torchtitan's Trainer, with two changes:
+    """torchtitan's Trainer, with these changes:
 
     * pipeline steps divide each microbatch loss by the step's token count before
       backward (``boost_titan.pipeline``), so PP gradients equal non-PP gradients;
     * ``[boost] log_comm`` counts the collectives of the first forward/backward (count
       and bytes per op and phase, one block in detail), logs them, writes
-      ``<dump_folder>/comm_stats.json`` and TensorBoard scalars."""
+      ``<dump_folder>/comm_stats.json`` and TensorBoard scalars;
+    * faults (``boost_titan.fault``): a non-finite step is never applied
+      (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
+      the run cleanly, cut-off checkpoints are set aside before resuming, and
+      ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this."""
 
     _comm_logged = False
+    _last_run_step = -1  # the last step this process trained (fault injection fires after it)
+
+    def __init__(self, job_config):
+        super().__init__(job_config)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
+        self.preemption = fault.Preemption() if self.checkpointer.enable else None
+        boost = job_config.boost
+        self.guard = fault.StepGuard(self, boost.nan_policy, boost.nan_max_consecutive_skips,
+                                     self.preemption)
+
+    def train(self):
+        if self.checkpointer.enable and torch.distributed.get_rank() == 0:
+            for old, new in fault.quarantine_incomplete_checkpoints(self.checkpointer.folder):
+                logger.warning(
+                    f"checkpoint {old} is incomplete (no .metadata: its save was cut off) and "
+                    f"will not be loaded; moved to {new}"
+                )
+        return super().train()
+
+    def train_step(self, data_iterator):
+        super().train_step(data_iterator)
+        self._last_run_step = self.step
+
+    def should_continue_training(self) -> bool:
+        if self._last_run_step == self.step:
+            self.injector.after_step(self.step)
+        if not super().should_continue_training():
+            return False
+        if self.guard.preempt_agreed:
+            self._save_for_preemption()
+            return False
+        return True
+
+    def _save_for_preemption(self) -> None:
+        ckpt = self.checkpointer
+        path = ckpt._create_checkpoint_id(self.step)
+        if not os.path.isfile(os.path.join(path, ".metadata")):
+            interval, ckpt.interval = ckpt.interval, 1  # a full (not last-step) save, now
+            try:
+                ckpt.save(self.step)
+            finally:
+                ckpt.interval = interval
+        logger.warning(
+            f"Preempted (SIGTERM): checkpoint of step {self.step} at {path}; "
+            "run the same command again to resume from it"
+        )
+        status_file = os.environ.get(fault.STATUS_FILE_ENV)
+        if status_file and torch.distributed.get_rank() == 0:
+            with open(status_file, "w") as f:
+                f.write(f"preempted step={self.step} checkpoint={path}\n")
 
     def _forward_backward(self, input_dict, labels, global_valid_tokens):
+        global_valid_tokens = self.injector.poison_loss_scale(self.step, global_valid_tokens)
+        loss = self._forward_backward_impl(input_dict, labels, global_valid_tokens)
+        self.injector.poison_grads(self.step, self.model_parts)
+        self.guard.record_loss(loss)
+        return loss
+
+    def _forward_backward_impl(self, input_dict, labels, global_valid_tokens):
         if not self.parallel_dims.pp_enabled:
             return super().forward_backward_step(
                 input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
