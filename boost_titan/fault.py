@@ -39,6 +39,7 @@ Without ``:rank=R`` an injection fires on every rank (sigterm: rank 0 only).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import signal
@@ -46,7 +47,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from torchtitan.tools.logging import logger
+
+logger = logging.getLogger()  # torchtitan's logger (the root logger); not imported from
+# torchtitan so that this module imports without it (torchtitan fixes its device at import)
 
 INJECT_ENV = "BOOST_TITAN_INJECT"
 INJECT_KINDS = ("sigkill", "sigterm", "nan_loss", "inf_grad")
@@ -227,7 +230,8 @@ class StepGuard:
         raise NonFiniteStepError(
             f"step {step}: non-finite loss or gradients (NaN/inf); the update was not "
             f"applied and the run stops ({why}). Last checkpoint: {last or 'none'} "
-            "(untouched); rerunning resumes from it."
+            "(untouched). A NaN caused by the data recurs on resume: skip it with "
+            '[boost] nan_policy = "skip", or lower the learning rate.'
         )
 
     def _guarded_scheduler_step(self) -> None:

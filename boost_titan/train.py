@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
 
     init_logger()
     config = parse_config(sys.argv[1:] if argv is None else argv)
+    fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here
     trainer = None
     try:
         trainer = BoostTrainer(config)

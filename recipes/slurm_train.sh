@@ -4,12 +4,22 @@
 #SBATCH --job-name=boost_titan
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
+#SBATCH --signal=TERM@300
+# Faults (README "When things go wrong"): a dead rank -> torchrun restarts all ranks (up to
+# MAX_RESTARTS) from the newest complete checkpoint; SIGTERM (preemption, 300 s before the
+# time limit) -> every rank saves a checkpoint of its current step and exits 0; submit with
+# --requeue (or resubmit) to resume.
 set -euo pipefail
 CONFIG_FILE=${1:?usage: slurm_train.sh CONFIG_FILE [overrides...]}; shift
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 PYTHON=${PYTHON:-python}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
+# restarted ranks must not read the previous attempt's keys from torchrun's shared store
+# (pytorch#135712, #167288)
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 srun "$PYTHON" -m torch.distributed.run \
   --nnodes "$SLURM_NNODES" --nproc_per_node "$GPUS_PER_NODE" \
   --rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint "$head_node:29500" \
+  --max-restarts "$MAX_RESTARTS" --shutdown-timeout "${SHUTDOWN_TIMEOUT:-240}" \
   -m boost_titan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -1,0 +1,180 @@
+"""Faults on real gloo ranks through run_train.sh (BTP TP2, 8 steps), against one
+uninterrupted reference run: every recovered run ends with the reference's final
+weights and optimizer state, bit for bit (fp32).
+
+* SIGKILL of rank 1 after step 5, MAX_RESTARTS=1: torchrun restarts both ranks, they
+  resume from step 4;
+* SIGTERM to the launcher after step 3 (as SLURM preemption): a checkpoint of the step
+  in flight, exit 0; the same command again resumes after it;
+* a cut-off save (step-6 without DCP's .metadata, a truncated shard): set aside, named
+  in the log, resume from step-4;
+* NaN loss: the update is not applied, the run stops naming the step, the step-2
+  checkpoint is untouched; under nan_policy = "skip" a skipped step leaves the weights
+  exactly as they were, and too many skips in a row stop the run.
+
+Faults come from BOOST_TITAN_INJECT (boost_titan.fault), so each one lands at a known
+step on every run."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from helpers import run_training
+from boost_titan.fault import parse_injections, quarantine_incomplete_checkpoints
+
+CONFIG = "debug_cola_btp_tp2.toml"
+BASE = ("--checkpoint.enable", "--training.steps", "8", "--validation.no-enable",
+        "--training.mixed_precision_param", "float32")
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.filterwarnings("ignore:torch.distributed is unavailable:UserWarning")]
+
+
+def _injected(monkeypatch, spec: str) -> None:
+    monkeypatch.setenv("BOOST_TITAN_INJECT", spec)
+
+
+def _state(step_dir) -> dict[str, object]:
+    """Everything in a DCP checkpoint (weights, optimizer moments and hyper-parameters,
+    LR scheduler, train state, data loader position), flattened by key."""
+    flat = {}
+
+    def walk(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = obj
+    walk("", _load_state_dict_from_keys(checkpoint_id=str(step_dir)))
+    return flat
+
+
+def _assert_same_state(a_dir, b_dir, ignore: tuple[str, ...] = ()) -> None:
+    a, b = _state(a_dir), _state(b_dir)
+    assert sorted(a) == sorted(b)
+    compared = [k for k in a if not k.startswith(ignore)]
+    for k in compared:
+        same = torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+        assert same, (k, a[k], b[k])
+    assert sum(isinstance(a[k], torch.Tensor) for k in compared) > 20
+    assert any(k.startswith("optimizer.state") for k in compared)
+    assert any(k.startswith("lr_scheduler") for k in compared)
+
+
+# a skipped step still consumes its batch and counts as a step
+SKIPPED = ("dataloader", "train_state")
+
+
+@pytest.fixture(scope="module")
+def reference(corpus_dir, tmp_path_factory):
+    """Uninterrupted: checkpoints after steps 2, 4, 6 and 8."""
+    run = run_training(CONFIG, 2, tmp_path_factory.mktemp("ft") / "ref", *BASE,
+                       "--checkpoint.interval", "2")
+    assert sorted(run.loss[0]) == list(range(1, 9))
+    return run
+
+
+def _ckpt(run, step):
+    return run.dump_folder / "checkpoint" / f"step-{step}"
+
+
+def test_sigkill_restart_resumes_bitwise(reference, tmp_path, monkeypatch):
+    _injected(monkeypatch, "sigkill@5:rank=1")
+    monkeypatch.setenv("MAX_RESTARTS", "1")
+    run = run_training(CONFIG, 2, tmp_path / "killed", *BASE, "--checkpoint.interval", "2")
+    assert "exitcode: -9" in run.output  # rank 1 really died of SIGKILL
+    assert re.search(r"Loading the checkpoint from \S+/step-4\.", run.output)
+    assert run.output.count("Training starts at step 5") == 2  # both ranks, second attempt
+    for step in range(5, 9):
+        assert run.loss[0][step] == reference.loss[0][step]
+    _assert_same_state(_ckpt(reference, 8), _ckpt(run, 8))
+
+
+def test_sigterm_saves_current_step_exits_0_and_resumes(reference, tmp_path, monkeypatch):
+    _injected(monkeypatch, "sigterm@3")
+    # interval 7: the preemption checkpoint is not a regular one
+    args = (*BASE, "--checkpoint.interval", "7")
+    first = run_training(CONFIG, 2, tmp_path / "pre", *args)  # exit 0 asserted by the helper
+    m = re.search(r"run_train.sh: preempted step=(\d+) checkpoint=(\S+); exiting 0", first.output)
+    assert m, first.output[-3000:]
+    stopped = int(m[1])
+    assert 3 <= stopped < 7 and max(first.loss[0]) == stopped
+    assert (tmp_path / "pre" / "checkpoint" / f"step-{stopped}" / ".metadata").is_file()
+    monkeypatch.delenv("BOOST_TITAN_INJECT")
+    second = run_training(CONFIG, 2, tmp_path / "pre", *args)
+    assert f"Training starts at step {stopped + 1}" in second.output
+    assert sorted(second.loss[0]) == list(range(stopped + 1, 9))
+    for step in range(stopped + 1, 9):
+        assert second.loss[0][step] == reference.loss[0][step]
+    _assert_same_state(_ckpt(reference, 8), tmp_path / "pre" / "checkpoint" / "step-8")
+
+
+def test_cut_off_checkpoint_is_skipped_and_named(reference, tmp_path):
+    folder = tmp_path / "cut" / "checkpoint"
+    for step in (4, 6):
+        shutil.copytree(_ckpt(reference, step), folder / f"step-{step}")
+    # what a kill during the save leaves: shards (one cut short), no .metadata
+    (folder / "step-6" / ".metadata").unlink()
+    shard = sorted((folder / "step-6").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+    run = run_training(CONFIG, 2, tmp_path / "cut", *BASE, "--checkpoint.interval", "2")
+    assert re.search(r"checkpoint \S+/step-6 is incomplete \(no \.metadata: its save was cut off\) "
+                     r"and will not be loaded; moved to \S+/step_6\.incomplete", run.output)
+    assert re.search(r"Loading the checkpoint from \S+/step-4\.", run.output)
+    assert sorted(run.loss[0]) == [5, 6, 7, 8]
+    assert (folder / "step_6.incomplete").is_dir() and (folder / "step-6" / ".metadata").is_file()
+    _assert_same_state(_ckpt(reference, 8), folder / "step-8")
+
+
+def test_nan_loss_stops_naming_step_and_keeps_last_checkpoint(reference, tmp_path, monkeypatch):
+    _injected(monkeypatch, "nan_loss@3")
+    run = run_training(CONFIG, 2, tmp_path / "nan", *BASE, "--checkpoint.interval", "2",
+                       expect_failure=True)
+    assert re.search(r"NonFiniteStepError: step 3: non-finite loss or gradients \(NaN/inf\); the "
+                     r"update was not applied and the run stops \(\[boost\] nan_policy = \"stop\"",
+                     run.output)
+    assert re.search(r"Last checkpoint: \S+/step-2 \(untouched\)", run.output)
+    folder = tmp_path / "nan" / "checkpoint"
+    assert sorted(os.listdir(folder)) == ["step-2"]
+    _assert_same_state(_ckpt(reference, 2), folder / "step-2")
+
+
+def test_nan_skip_policy_skips_updates_then_stops_at_limit(reference, tmp_path, monkeypatch):
+    # inf in one gradient on rank 1 only (the ranks must still agree), then NaN losses
+    _injected(monkeypatch, "inf_grad@3:rank=1,nan_loss@5,nan_loss@6,nan_loss@7")
+    run = run_training(CONFIG, 2, tmp_path / "skip", *BASE, "--checkpoint.interval", "1",
+                       "--boost.nan_policy", "skip", "--boost.nan_max_consecutive_skips", "2",
+                       expect_failure=True)
+    assert "step 3: non-finite loss or gradients; update skipped (1 in a row, limit 2" in run.output
+    assert "step 6: non-finite loss or gradients; update skipped (2 in a row, limit 2; 3 skipped so far: [3, 5, 6])" in run.output
+    assert ("step 7: non-finite loss or gradients (NaN/inf); the update was not applied and the run "
+            "stops (3 non-finite steps in a row exceed [boost] nan_max_consecutive_skips = 2)") in run.output
+    folder = tmp_path / "skip" / "checkpoint"
+    assert sorted(os.listdir(folder), key=lambda n: int(n.split("-")[1])) == [f"step-{i}" for i in range(1, 7)]
+    # steps 1-2 as the reference; a skipped step changes nothing: not a weight, not an
+    # optimizer moment, not the LR schedule
+    _assert_same_state(_ckpt(reference, 2), folder / "step-2")
+    _assert_same_state(folder / "step-2", folder / "step-3", ignore=SKIPPED)
+    _assert_same_state(folder / "step-4", folder / "step-6", ignore=SKIPPED)
+    assert run.loss[0][4] != reference.loss[0][4]  # step 4 trains on from the step-2 weights
+
+
+def test_bad_injection_spec_and_quarantine_unit(tmp_path):
+    with pytest.raises(ValueError, match=r"'sigkil@5' is not KIND@STEP\[:rank=R\] with KIND in"):
+        parse_injections("nan_loss@2,sigkil@5")
+    for name in ("step-2", "step-4", "step-6"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / "step-2" / ".metadata").write_bytes(b"m")
+    (tmp_path / "step-4" / "model.safetensors.index.json").write_text("{}")
+    (tmp_path / "step_6.incomplete").mkdir()  # an earlier cut-off save of the same step
+    moved = quarantine_incomplete_checkpoints(str(tmp_path))
+    assert [os.path.basename(old) for old, _ in moved] == ["step-6"]
+    assert re.fullmatch(r"step_6\.incomplete\.\d+", os.path.basename(moved[0][1]))
+    assert sorted(p for p in os.listdir(tmp_path) if p.startswith("step-")) == ["step-2", "step-4"]
