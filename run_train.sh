@@ -21,6 +21,13 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
 fi
 
+# torchrun gives every process 1 thread when NGPU > 1: CPU ranks get their share of the
+# cores instead (set OMP_NUM_THREADS yourself to override)
+if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
+  cores=$(nproc 2>/dev/null || echo 1)
+  export OMP_NUM_THREADS=$(( cores / NGPU > 0 ? cores / NGPU : 1 ))
+fi
+
 # rank 0 writes "preempted step=N checkpoint=PATH" here once a preemption checkpoint is saved
 export BOOST_TITAN_STATUS_FILE
 BOOST_TITAN_STATUS_FILE=$(mktemp "${TMPDIR:-/tmp}/boost_titan_status.XXXXXX")
