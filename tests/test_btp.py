@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from boost_titan.comm_stats import CommCounter
-from boost_titan.models.bottleneck import SINGLE_DEVICE, Bottleneck, down_group
+from boost_titan.models.bottleneck import SINGLE_DEVICE, Bottleneck, down_finish, down_partial, down_reduce
 from boost_titan.models.flavors import flavors_for
 from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan, validate_tp_degree
 from boost_titan.tp_plans.btp import apply_btp
@@ -132,7 +132,9 @@ def test_online_rmsnorm_equals_rmsnorm_then_linear(scale, grouped):
     projs = [Bottleneck(d, d, r, "none") for _ in range(3)]
     x = torch.randn(2, 5, d, dtype=torch.float64).float() * scale
     x[0, 0] *= 1e3  # one token far louder than the rest
-    latents = down_group(x, projs, SINGLE_DEVICE, grouped, norm, d)
+    partials, stats = down_partial(x, projs, SINGLE_DEVICE, grouped, norm, d)
+    partials, stats = down_reduce(partials, stats, SINGLE_DEVICE)
+    latents = down_finish(partials, stats, projs, SINGLE_DEVICE, norm, d)
     # reference in float64: RMSNorm, then each A
     x64, g64 = x.double(), norm.weight.double()
     normed = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * g64

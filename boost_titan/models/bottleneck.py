@@ -7,7 +7,7 @@ batched GEMMs for the B's) happens at compute time, so a checkpoint does not dep
 ``group_linears``.
 
 Blocks never talk to other ranks themselves: they call a :class:`LatentComm` at the
-three points where a tensor-parallel plan may need a collective. Single device, all of
+seven hooks where a tensor-parallel plan may need a collective. Single device, all of
 them are identities; ``boost_titan/tp_plans`` supplies the parallel ones.
 """
 
@@ -146,29 +146,17 @@ class LatentComm:
 SINGLE_DEVICE = LatentComm()
 
 
-def down_group(
-    x: torch.Tensor,
-    projs: list[Bottleneck],
-    comm: LatentComm,
-    grouped: bool,
-    norm: nn.RMSNorm | None = None,
-    dim: int = 0,
-) -> list[torch.Tensor]:
-    """(RMSNorm +) the A's of ``projs`` that share input ``x``; returns the latents.
-
-    With a norm this is Online-RMSNorm: RMSNorm(x) A^T = ((x * g) A^T) / rms(x), so the
-    per-token sum of squares can be reduced together with the partial latent. ``dim``
-    is the full hidden size (x may be a d/T shard).
-    """
-    partials, stats = down_partial(x, projs, comm, grouped, norm, dim)
-    latents, stats = down_reduce(partials, stats, comm)
-    return down_finish(latents, stats, projs, comm, norm, dim)
+# A group of down-projections A sharing one input runs in three steps:
+# ``down_partial`` (local) -> ``down_reduce`` (the collective) -> ``down_finish`` (local).
+# With a norm this is Online-RMSNorm: RMSNorm(x) A^T = ((x * g) A^T) / rms(x), so the
+# per-token sum of squares is reduced together with the partial latent; ``dim`` is the
+# full hidden size (x may be a d/T shard).
 
 
 def down_partial(x, projs, comm, grouped, norm=None, dim=0):
-    """The local head of ``down_group``: per-rank partial latents (one tensor when
-    grouped) and the norm's partial statistics. No forward collective in online mode,
-    so it can be recomputed in backward for free (latent checkpointing)."""
+    """Per-rank partial latents (one tensor when grouped) and the norm's partial
+    statistics. No forward collective in online mode, so it can be recomputed in
+    backward for free (latent checkpointing)."""
     stats = None
     if norm is not None:
         stats = x.float().pow(2).sum(-1, keepdim=True)
@@ -185,7 +173,7 @@ def down_partial(x, projs, comm, grouped, norm=None, dim=0):
 
 
 def down_reduce(partials, stats, comm):
-    """The collective of ``down_group``: reduce the partial latents (the statistics
+    """The collective of a down-projection group: reduce the partial latents (the statistics
     ride with the first). Returns the reduced latents and statistics, un-normalised:
     they are all latent checkpointing keeps of a chunk boundary."""
     latents, pending = [], stats
@@ -198,7 +186,7 @@ def down_reduce(partials, stats, comm):
 
 
 def down_finish(latents, stats, projs, comm, norm=None, dim=0) -> list[torch.Tensor]:
-    """The local tail of ``down_group``: Online-RMSNorm's 1/rms scale, then one latent
+    """The local tail of a down-projection group: Online-RMSNorm's 1/rms scale, then one latent
     per A (a grouped GEMM's latent is split)."""
     if norm is not None and comm.norm_mode == "online":
         scale = torch.rsqrt(stats / dim + norm.eps)

@@ -182,7 +182,7 @@ class LowRankBlock(nn.Module):
         prev: list[torch.Tensor | None] = [None] * len(PROJ_ORDER)
         if self.lax:
             x, *prev = x.split([x.shape[-1] - sum(self.latent_widths)] + self.latent_widths, -1)
-        comm, a, f = self.comm, self.attention, self.feed_forward
+        comm, f = self.comm, self.feed_forward
         run = self._run
 
         # A chunk runs from a reduced latent (its norm scale and activation first) to

@@ -1,9 +1,9 @@
 """Measure this machine's matmul peak, for MFU on CPU (``[boost] cpu_peak_flops``).
 
-    python -m boost_titan.tools.peak_flops [--threads N] [--n 2048] [--seconds 3]
+    python -m boost_titan.tools.peak_flops [--threads N] [--n 1024] [--seconds 3]
 
-Run it with the thread count a training rank gets (torchrun gives each of several local
-ranks OMP_NUM_THREADS=1) and put the printed figure in the TOML.
+Run it with the thread count a training rank gets (``run_train.sh`` gives each rank
+nproc / NGPU threads unless OMP_NUM_THREADS is set) and put the printed figure in the TOML.
 """
 
 from __future__ import annotations
