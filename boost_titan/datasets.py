@@ -21,7 +21,7 @@ _FORMATS = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parq
 
 
 def _corpus_split(split: str) -> str:
-    from boost_titan.data.corpus import default_corpus_dir
+    from boost_titan.data.manifest import default_corpus_dir
 
     return str(default_corpus_dir() / split)
 

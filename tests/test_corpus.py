@@ -1,4 +1,4 @@
-"""Tests for the embedded corpus + tokenizer (boost_titan.data.corpus)."""
+"""Tests for the embedded corpus + tokenizer (boost_titan.data)."""
 
 import dataclasses
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan.data import corpus as C
+from boost_titan.data import build, clean, fetch, loaders, manifest, sources, split, tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / "data" / ".downloads"
@@ -30,15 +30,15 @@ ROUND_TRIP_TEXTS = [
 
 
 def _manifest(path):
-    return json.loads((path / C.MANIFEST_NAME).read_text())
+    return json.loads((path / manifest.MANIFEST_NAME).read_text())
 
 
 def test_manifest_layout(corpus_dir):
     m = _manifest(corpus_dir)
-    assert m["format_version"] == C.FORMAT_VERSION
-    assert m["vocab_size"] == C.DEFAULT_VOCAB_SIZE == 8192
-    assert set(m["sources"]) == set(C.SOURCES)
-    for name, src in C.SOURCES.items():
+    assert m["format_version"] == manifest.FORMAT_VERSION
+    assert m["vocab_size"] == tokenizer.DEFAULT_VOCAB_SIZE == 8192
+    assert set(m["sources"]) == set(sources.SOURCES)
+    for name, src in sources.SOURCES.items():
         s = m["sources"][name]
         assert s["pin"] == src.pin()
         assert s["docs"] == s["train_docs"] + s["val_docs"] > 0
@@ -48,11 +48,11 @@ def test_manifest_layout(corpus_dir):
     assert m["train"]["bytes"] > 25_000_000
     assert 3.0 < m["validation"]["bytes_per_token"] < 5.0
     assert set(m["content_hashes"]) == {"train_texts", "validation_texts", "tokenizer_json"}
-    assert m["content_hashes"]["tokenizer_json"] == C.sha256_file(corpus_dir / "tokenizer" / "tokenizer.json")
+    assert m["content_hashes"]["tokenizer_json"] == fetch.sha256_file(corpus_dir / "tokenizer" / "tokenizer.json")
     assert "_built_now" not in m
-    assert C.corpus_is_ready(corpus_dir)
-    assert C.corpus_is_ready(corpus_dir, C.DEFAULT_VOCAB_SIZE)
-    assert not C.corpus_is_ready(corpus_dir, 4096)
+    assert manifest.corpus_is_ready(corpus_dir)
+    assert manifest.corpus_is_ready(corpus_dir, tokenizer.DEFAULT_VOCAB_SIZE)
+    assert not manifest.corpus_is_ready(corpus_dir, 4096)
 
 
 def test_tokenizer_round_trip(corpus_dir):
@@ -63,8 +63,8 @@ def test_tokenizer_round_trip(corpus_dir):
     raw = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     hf = HuggingFaceTokenizer(str(tok_dir))
     assert hf.bos_id == 0 and hf.eos_id == 1
-    assert raw.token_to_id(C.BOS_TOKEN) == 0 and raw.token_to_id(C.EOS_TOKEN) == 1
-    assert hf.get_vocab_size() == raw.get_vocab_size() == C.DEFAULT_VOCAB_SIZE
+    assert raw.token_to_id(tokenizer.BOS_TOKEN) == 0 and raw.token_to_id(tokenizer.EOS_TOKEN) == 1
+    assert hf.get_vocab_size() == raw.get_vocab_size() == tokenizer.DEFAULT_VOCAB_SIZE
 
     for text in ROUND_TRIP_TEXTS:
         ids = raw.encode(text).ids
@@ -73,7 +73,7 @@ def test_tokenizer_round_trip(corpus_dir):
         assert hf.encode(text) == ids  # no implicit BOS/EOS
         wrapped = hf.encode(text, add_bos=True, add_eos=True)
         assert wrapped == [0, *ids, 1]
-        assert all(0 <= i < C.DEFAULT_VOCAB_SIZE for i in wrapped)
+        assert all(0 <= i < tokenizer.DEFAULT_VOCAB_SIZE for i in wrapped)
 
     # common corpus words are single tokens
     assert len(raw.encode("And God said, Let there be light: and there was light.").ids) <= 16
@@ -97,7 +97,7 @@ def test_split_is_by_whole_documents(corpus_dir):
     assert not set(zip(train["source"], train["doc_id"])) & set(zip(val["source"], val["doc_id"]))
     val_sources = set(val["source"])
     for name, s in m["sources"].items():
-        if s["docs"] >= C.MIN_DOCS_FOR_FORCED_VAL:
+        if s["docs"] >= split.MIN_DOCS_FOR_FORCED_VAL:
             assert name in val_sources, name
             assert s["val_docs"] >= 1
     assert 0.005 < len(val) / (len(train) + len(val)) < 0.05
@@ -107,11 +107,12 @@ def test_second_call_does_no_work(corpus_dir, monkeypatch, caplog):
     def boom(*args, **kwargs):
         raise AssertionError("build work done on an up-to-date corpus")
 
-    for name in ("fetch_artifact", "download_artifact", "train_tokenizer", "load_source", "_build_into"):
-        monkeypatch.setattr(C, name, boom)
-    caplog.set_level(logging.INFO, logger=C.logger.name)
+    for module, name in ((fetch, "fetch_artifact"), (fetch, "download_artifact"), (tokenizer, "train_tokenizer"),
+                         (loaders, "load_source"), (build, "_build_into")):
+        monkeypatch.setattr(module, name, boom)
+    caplog.set_level(logging.INFO, logger=build.logger.name)
     t0 = time.perf_counter()
-    m = C.build_corpus(corpus_dir)
+    m = build.build_corpus(corpus_dir)
     elapsed = time.perf_counter() - t0
     assert elapsed < 2.0
     assert m["_built_now"] is False
@@ -121,7 +122,7 @@ def test_second_call_does_no_work(corpus_dir, monkeypatch, caplog):
 
 def test_build_is_deterministic(corpus_dir, tmp_path):
     out = tmp_path / "corpus"
-    m = C.build_corpus(out, force=True, cache_dir=CACHE_DIR)
+    m = build.build_corpus(out, force=True, cache_dir=CACHE_DIR)
     assert m["_built_now"] is True
     ref = _manifest(corpus_dir)
     assert m["content_hashes"] == ref["content_hashes"]
@@ -134,23 +135,23 @@ def test_build_is_deterministic(corpus_dir, tmp_path):
 def test_sha256_mismatch_raises_and_leaves_nothing(corpus_dir, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
-    for src in C.SOURCES.values():
+    for src in sources.SOURCES.values():
         shutil.copyfile(CACHE_DIR / src.filename, cache / src.filename)
     name = "kjv"
     bad = "0" * 64
-    monkeypatch.setitem(C.SOURCES, name, dataclasses.replace(C.SOURCES[name], sha256=bad))
+    monkeypatch.setitem(sources.SOURCES, name, dataclasses.replace(sources.SOURCES[name], sha256=bad))
 
     def no_download(*args, **kwargs):
         raise AssertionError("cached artifact should be verified, not re-downloaded")
 
-    monkeypatch.setattr(C, "download_artifact", no_download)
+    monkeypatch.setattr(fetch, "download_artifact", no_download)
     out = tmp_path / "out"
-    with pytest.raises(C.CorpusBuildError) as excinfo:
-        C.build_corpus(out, cache_dir=cache)
+    with pytest.raises(sources.CorpusBuildError) as excinfo:
+        build.build_corpus(out, cache_dir=cache)
     msg = str(excinfo.value)
-    assert C.SOURCES[name].filename in msg
+    assert sources.SOURCES[name].filename in msg
     assert bad in msg
-    assert C.sha256_file(cache / C.SOURCES[name].filename) in msg
+    assert fetch.sha256_file(cache / sources.SOURCES[name].filename) in msg
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")] == []
 
@@ -165,22 +166,22 @@ def test_cli_info(corpus_dir):
 def test_brown_detokenize():
     tagged = ("``/`` Only/rb a/at handful/nn ''/'' ,/, the/at jury/nn said/vbd ;/. ;/. "
               "(/( see/vb 1-1/2/cd )/) it's/pps+bez done/vbn ?/. ?/.")
-    assert C.brown_detokenize(tagged) == '"Only a handful", the jury said; (see 1-1/2) it\'s done?'
+    assert loaders.brown_detokenize(tagged) == '"Only a handful", the jury said; (see 1-1/2) it\'s done?'
 
 
 def test_clean_text():
     raw = "\ufeffTitle  \r\n\r\n\r\n\r\n\r\nBody\x07 text\t \rend\n\n\n\n\n\n"
-    assert C.clean_text(raw) == "Title\n\n\nBody text\nend"
+    assert clean.clean_text(raw) == "Title\n\n\nBody text\nend"
     gut = ("junk\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\nreal text\n"
            "*** END OF THE PROJECT GUTENBERG EBOOK X ***\nlicense")
-    assert C.clean_text(gut) == "real text"
+    assert clean.clean_text(gut) == "real text"
 
 
 def test_split_rule_is_deterministic():
-    docs = [C.Doc("s", f"d{i:03d}", "t") for i in range(200)]
-    train, val = C.split_documents(docs)
-    train2, val2 = C.split_documents(list(reversed(docs)))
+    docs = [clean.Doc("s", f"d{i:03d}", "t") for i in range(200)]
+    train, val = split.split_documents(docs)
+    train2, val2 = split.split_documents(list(reversed(docs)))
     assert [d.doc_id for d in val] == [d.doc_id for d in val2] and len(train) == len(train2)
     assert 1 <= len(val) <= 12
-    few = [C.Doc("few", f"d{i}", "t") for i in range(10)]
-    assert len(C.split_documents(few)[1]) >= 1
+    few = [clean.Doc("few", f"d{i}", "t") for i in range(10)]
+    assert len(split.split_documents(few)[1]) >= 1

@@ -21,7 +21,7 @@ REQUIRED = (
     "boost_titan/specs.py",
     "boost_titan/models/model.py",
     "boost_titan/tp_plans/btp.py",
-    "boost_titan/data/corpus.py",
+    "boost_titan/data/build.py",
 )
 
 

@@ -7,15 +7,10 @@ import json
 import logging
 import sys
 
-from boost_titan.data.corpus import (
-    DEFAULT_VOCAB_SIZE,
-    ENV_DATA_DIR,
-    CorpusBuildError,
-    build_corpus,
-    default_corpus_dir,
-    format_manifest,
-    read_manifest,
-)
+from boost_titan.data.build import build_corpus
+from boost_titan.data.manifest import ENV_DATA_DIR, default_corpus_dir, format_manifest, read_manifest
+from boost_titan.data.sources import CorpusBuildError
+from boost_titan.data.tokenizer import DEFAULT_VOCAB_SIZE
 
 
 def main(argv: list[str] | None = None) -> int:
