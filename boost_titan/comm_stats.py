@@ -5,6 +5,16 @@
     comm.summary()                  # {(phase, op): (count, bytes)}
     comm.per_module("forward")      # {module fqn: {op: (count, bytes)}}
 
+    with CollectiveHook(timed=True) as timer:   # time only: no module tracking, no records
+        ...
+    timer.seconds                   # wall time inside c10d ops, waits included
+
+Both are one dispatch-mode hook, :class:`CollectiveHook`: every op of the c10d namespaces
+passes through it (optionally timed), and each collective among them is handed to
+``on_collective``, which :class:`CommCounter` overrides to record it. Compiled code
+refuses dispatch modes; :func:`profiler_op` names the same collectives from torch.profiler
+events instead.
+
 Bytes are the logical payload of each collective on one rank: the tensor reduced by an
 all-reduce, the gathered output of an all-gather, the input of a reduce-scatter. It is
 independent of the algorithm the backend uses on the wire, which is what the planner's
@@ -13,6 +23,7 @@ closed forms count too. Works on real process groups and under LocalTensorMode.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -22,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d_functional", "c10d"}
-_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,7 @@ _C10D_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_
                "alltoall_base": "all_to_all", "allreduce_coalesced": "all_reduce"}
 
 
-def _canonical(name: str) -> str:
+def canonical_op(name: str) -> str:
     """functional and c10d spellings of one collective -> one name."""
     name = name.strip("_")
     return _C10D_NAMES.get(name, name)
@@ -52,9 +63,54 @@ def _payload(op: str, args, out) -> tuple[int, int]:
     return tensor.numel() * tensor.element_size(), tensor.numel()
 
 
-class CommCounter(TorchDispatchMode):
-    def __init__(self) -> None:
+def profiler_op(event_name: str) -> str:
+    """A torch.profiler event of a functional collective -> its canonical name, e.g.
+    '_c10d_functional::all_reduce_' -> 'all_reduce'; 'wait_tensor' for waits, '' for
+    anything else (other namespaces, autograd wrappers)."""
+    namespace, _, op = event_name.partition("::")
+    if namespace != "_c10d_functional":
+        return ""
+    op = canonical_op(op)
+    return op if op.startswith(COLLECTIVES) or op == "wait_tensor" else ""
+
+
+class CollectiveHook(TorchDispatchMode):
+    """Dispatch-mode hook on collectives: every op of the c10d namespaces (collectives
+    and their waits) passes here; with ``timed=True`` the wall time spent in them adds
+    up in ``seconds``; each collective proper goes to :meth:`on_collective`."""
+
+    def __init__(self, timed: bool = False) -> None:
         super().__init__()
+        self.timed = timed
+        self.seconds = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # Modes run before tensor subclasses: let DTensor desugar an op first, so the
+        # collectives it issues inside (redistributions, loss-parallel) come back here.
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        if func.namespace not in _COLLECTIVE_NAMESPACES:
+            return func(*args, **(kwargs or {}))
+        if self.timed:
+            t0 = time.perf_counter()
+            out = func(*args, **(kwargs or {}))  # wait_tensor is timed too
+            self.seconds += time.perf_counter() - t0
+        else:
+            out = func(*args, **(kwargs or {}))
+        op = canonical_op(func.__name__.split(".")[0])
+        if op.startswith(COLLECTIVES):
+            self.on_collective(op, args, out)
+        return out
+
+    def on_collective(self, op: str, args, out) -> None:
+        """Called once per collective (canonical ``op``), after it ran."""
+
+
+class CommCounter(CollectiveHook):
+    """Records every collective with its module (innermost FQN), phase and payload."""
+
+    def __init__(self, timed: bool = False) -> None:
+        super().__init__(timed)
         self.records: list[CommRecord] = []
         self._tracker = ModTracker()
 
@@ -66,20 +122,11 @@ class CommCounter(TorchDispatchMode):
         super().__exit__(*exc)
         self._tracker.__exit__(*exc)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # Modes run before tensor subclasses: let DTensor desugar an op first, so the
-        # collectives it issues inside (redistributions, loss-parallel) come back here.
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented
-        out = func(*args, **(kwargs or {}))
-        if func.namespace in _COLLECTIVE_NAMESPACES:
-            op = _canonical(func.__name__.split(".")[0])
-            if op.startswith(_COLLECTIVES):
-                nbytes, numel = _payload(op, args, out)
-                module = max(self._tracker.parents, key=lambda n: (n != "Global", n.count("."), len(n)))
-                phase = "backward" if self._tracker.is_bw else "forward"
-                self.records.append(CommRecord(phase, module, op, nbytes, numel))
-        return out
+    def on_collective(self, op: str, args, out) -> None:
+        nbytes, numel = _payload(op, args, out)
+        module = max(self._tracker.parents, key=lambda n: (n != "Global", n.count("."), len(n)))
+        phase = "backward" if self._tracker.is_bw else "forward"
+        self.records.append(CommRecord(phase, module, op, nbytes, numel))
 
     # ------------------------------------------------------------------ views
     def summary(self) -> dict[tuple[str, str], tuple[int, int]]:

@@ -347,7 +347,7 @@ def tp2(sizes: Sizes, smoke: bool, backend: str) -> dict:
 
 def gemm(sizes: Sizes) -> dict:
     """Per-plan GEMM rates at 7B/TP4, b 4 x s 4096 (scaled by ``gemm_m_scale``)."""
-    from boost_titan.bench import GEMM_DEFAULTS, gemm_bench
+    from boost_titan.bench.gemm import GEMM_DEFAULTS, gemm_bench
 
     return gemm_bench("7b", GEMM_DEFAULTS["tp"], GEMM_DEFAULTS["batch"], GEMM_DEFAULTS["seq"], sizes.gemm_dtype,
                       sizes.gemm_m_scale, sizes.gemm_seconds)

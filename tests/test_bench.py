@@ -98,10 +98,10 @@ def test_gemm_mode_honours_tp_batch_seq(tmp_path):
     (["--tp", "0"], "--tp must be >= 1, got 0"),
 ])
 def test_bench_refuses_flags_it_would_ignore(tmp_path, capsys, argv, message):
-    from boost_titan import bench
+    from boost_titan.bench import cli
 
     with pytest.raises(SystemExit) as e:
-        bench.main(argv + ["--out", str(tmp_path)])
+        cli.main(argv + ["--out", str(tmp_path)])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -109,12 +109,12 @@ def test_bench_refuses_flags_it_would_ignore(tmp_path, capsys, argv, message):
 def test_bench_tp_needs_that_many_gpus(tmp_path, capsys, monkeypatch):
     import torch
 
-    from boost_titan import bench
+    from boost_titan.bench import cli
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(SystemExit):
-        bench.main(["--tp", "4", "--out", str(tmp_path)])
+        cli.main(["--tp", "4", "--out", str(tmp_path)])
     assert "--tp 4 needs 4 GPUs; only 2 visible" in capsys.readouterr().err
 
 
@@ -126,11 +126,11 @@ def _raw(step: float, loss: float) -> dict:
 
 
 def test_summary_puts_compiled_beside_eager():
-    from boost_titan import bench
+    from boost_titan.bench import report, stats, variants
 
     raw = {"btp": _raw(0.2, 6.0), "btp [compiled]": _raw(0.1, 6.0),
            "vanilla": _raw(0.4, 6.1), "vanilla [compiled]": _raw(0.25, 6.1 * (1 + 3e-4))}
-    summary = bench.summarise(raw, bench.SMOKE, 2, "CPU", "inductor")
+    summary = stats.summarise(raw, variants.SMOKE, 2, "CPU", "inductor")
     comp = summary["compile"]["variants"]
     assert comp["btp"]["compiled_vs_eager_tokens_per_s"] == pytest.approx(2.0)
     assert comp["btp"]["compile_step_s"] == pytest.approx(1.0) and comp["btp"]["loss_match"]
@@ -139,28 +139,28 @@ def test_summary_puts_compiled_beside_eager():
     assert ratios["btp_vs_vanilla_tokens_per_s"] == pytest.approx(2.0)
     assert ratios["btp_vs_vanilla_tokens_per_s_compiled"] == pytest.approx(2.5)
     assert ratios["btp_compiled_vs_eager_tokens_per_s"] == pytest.approx(2.0)
-    [mismatch] = bench.loss_mismatches(summary)
+    [mismatch] = stats.loss_mismatches(summary)
     assert mismatch.startswith("vanilla: eager 6.100000")
-    md = bench.markdown(summary)
+    md = report.markdown(summary)
     assert "| btp [compiled] |" in md and "**MISMATCH**" in md
 
 
 def test_eager_summary_has_no_compile_section():
-    from boost_titan import bench
+    from boost_titan.bench import stats, variants
 
-    summary = bench.summarise({"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, bench.SMOKE, 2, "CPU")
+    summary = stats.summarise({"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, variants.SMOKE, 2, "CPU")
     assert "compile" not in summary
     assert set(summary["ratios"]) == {"btp_vs_vanilla_tokens_per_s", "vanilla_vs_btp_bytes"}
 
 
 def test_compile_twins_skip_what_the_trainer_refuses():
-    from boost_titan import bench
+    from boost_titan.bench import variants
 
-    names, refused = bench.with_compiled(list(bench.AC_VARIANTS), tp=2)
+    names, refused = variants.with_compiled(list(variants.AC_VARIANTS), tp=2)
     assert names[:2] == ["btp", "btp [compiled]"]
     assert "btp latent-ckpt [compiled]" in names
     assert set(refused) == {"btp latent-ckpt recompute-attn", "btp full-ac", "vanilla full-ac"}
-    assert bench.with_compiled(list(bench.AC_VARIANTS), tp=1)[1] == {}
+    assert variants.with_compiled(list(variants.AC_VARIANTS), tp=1)[1] == {}
 
 
 @pytest.mark.slow

@@ -1,0 +1,92 @@
+"""Collectives of a variant's step, counted and timed in instrumented (untimed) steps.
+
+Eager variants go through ``boost_titan.comm_stats``' dispatch-mode hook: one step under
+``CommCounter`` counts collectives and bytes, then ``--comm-steps`` steps under
+``CollectiveHook(timed=True)`` time them (the same hook, timing only, so no module tracking
+slows those steps). Compiled variants refuse dispatch modes: torch.profiler counts and times
+their functional collectives, named as ``comm_stats`` names them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from boost_titan.bench.variants import sync, train_step
+from boost_titan.comm_stats import COLLECTIVES, CollectiveHook, CommCounter, profiler_op
+
+
+@dataclass
+class CommMeasurement:
+    collectives_per_step: int = 0
+    bytes_per_step: int = 0
+    step_times: list[float] = field(default_factory=list)  # wall time of each timed instrumented step
+    comm_times: list[float] = field(default_factory=list)  # time in collectives and waits during it
+
+
+def measure_comm(built, compiled: bool, comm_steps: int, tokens, labels, device) -> CommMeasurement:
+    """Collectives per step and bytes (counted), and ``comm_steps`` steps with the time
+    spent in collectives, of a built variant."""
+    if compiled:
+        return _profiled(built, comm_steps, tokens, labels, device)
+    model, opt, _, loss_fn = built
+    res = CommMeasurement()
+    with CommCounter() as counter:
+        train_step(model, opt, tokens, labels, loss_fn)
+    res.collectives_per_step, res.bytes_per_step = counter.total()
+    for _ in range(comm_steps):
+        sync(device)
+        timer = CollectiveHook(timed=True)
+        t0 = time.perf_counter()
+        with timer:
+            train_step(model, opt, tokens, labels, loss_fn)
+        sync(device)
+        res.step_times.append(time.perf_counter() - t0)
+        res.comm_times.append(timer.seconds)
+    return res
+
+
+_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
+
+
+def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement:
+    """Collectives of a compiled variant, counted and timed under torch.profiler:
+    torch.compile refuses the dispatch mode (comm_stats.CollectiveHook) that
+    counts and times the eager variants' collectives, but the compiled graphs' functional
+    collectives still pass the dispatcher, where the profiler records them. Bytes as
+    CommCounter counts them: the input, an all-gather's output."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, opt, _, loss_fn = built
+    world = dist.get_world_size()
+    res = CommMeasurement()
+    for i in range(max(comm_steps, 1)):  # the first profiled step also counts
+        sync(device)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            t0 = time.perf_counter()
+            train_step(model, opt, tokens, labels, loss_fn)
+            sync(device)
+            step_s = time.perf_counter() - t0
+        events = [e for e in prof.events() if profiler_op(e.name)
+                  and not (e.cpu_parent and profiler_op(e.cpu_parent.name))]
+        collectives = [e for e in events if profiler_op(e.name).startswith(COLLECTIVES)]
+        if i == 0:
+            res.collectives_per_step = len(collectives)
+            res.bytes_per_step = sum(_collective_bytes(e, world) for e in collectives)
+        if i < comm_steps:
+            res.step_times.append(step_s)
+            res.comm_times.append(sum(e.cpu_time_total for e in events) / 1e6)
+    return res
+
+
+def _collective_bytes(event, world: int) -> int:
+    """Payload of one profiled functional collective on this rank."""
+    import math
+
+    dtype = event.input_dtypes[0]
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"collective {event.name} on dtype {dtype!r}: add its size to _DTYPE_BYTES")
+    nbytes = math.prod(event.input_shapes[0]) * _DTYPE_BYTES[dtype]
+    return nbytes * world if "all_gather" in event.name else nbytes

@@ -1,0 +1,159 @@
+"""The benchmark's variants: which model, TP plan and options each one is, its shapes,
+how to build it on a mesh (eager or compiled) and run one training step of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+VARIANTS = {
+    # name: (architecture, plan, group_linears, rmsnorm, activation checkpointing)
+    "btp": ("cola", "btp", True, "online", "none"),
+    "vanilla": ("cola", "vanilla", True, "online", "none"),
+    "fullrank (dense twin)": ("dense", "fullrank", True, "online", "none"),
+    "btp ungrouped": ("cola", "btp", False, "online", "none"),
+    "btp sync-norm": ("cola", "btp", True, "sync", "none"),
+    "btp latent-ckpt": ("cola", "btp", True, "online", "latent"),
+    "btp latent-ckpt recompute-attn": ("cola", "btp", True, "online", "latent recompute-attn"),
+    "btp full-ac": ("cola", "btp", True, "online", "full"),
+    "vanilla full-ac": ("cola", "vanilla", True, "online", "full"),
+}
+DEFAULT_VARIANTS = ("btp", "vanilla", "fullrank (dense twin)", "btp ungrouped", "btp sync-norm")
+AC_VARIANTS = ("btp", "btp latent-ckpt", "btp latent-ckpt recompute-attn", "btp full-ac", "vanilla",
+               "vanilla full-ac")
+COMPILED = " [compiled]"  # suffix of a variant's torch.compile'd twin
+
+
+def compiled_name(name: str) -> str:
+    return name + COMPILED
+
+
+def base_name(name: str) -> str:
+    """The VARIANTS key of a (possibly compiled) variant name."""
+    return name.removesuffix(COMPILED)
+
+
+def is_compiled(name: str) -> bool:
+    return name.endswith(COMPILED)
+
+
+def with_compiled(names: list[str], tp: int) -> tuple[list[str], dict[str, str]]:
+    """Each variant followed by its compiled twin (interleaved repetitions then time
+    both back to back, and every table lists them side by side), and the variants
+    that get no twin because torch cannot compile them correctly: {name: why}."""
+    out, refused = [], {}
+    for n in names:
+        out.append(n)
+        why = compile_refusal(n, tp)
+        if why:
+            refused[n] = why
+        else:
+            out.append(compiled_name(n))
+    return out, refused
+
+
+def compile_refusal(name: str, tp: int) -> str | None:
+    """Why the trainer would refuse to compile this variant at TP ``tp`` (the same
+    check, ``boost_titan.compile.check_compile_config``), or None."""
+    from boost_titan.compile import check_compile_config
+
+    ac = VARIANTS[base_name(name)][4]
+    latent = ac.startswith("latent")
+    config = SimpleNamespace(
+        compile=SimpleNamespace(enable=True, components=["model", "loss"]),
+        parallelism=SimpleNamespace(tensor_parallel_degree=tp),
+        activation_checkpoint=SimpleNamespace(mode="full" if ac == "full" else "none"),
+        boost=SimpleNamespace(latent_checkpoint="both" if latent else "none",
+                              latent_checkpoint_keep="none" if ac.endswith("recompute-attn") else "attention"),
+    )
+    try:
+        check_compile_config(config)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@dataclass
+class Shape:
+    dim: int = 1024
+    ffn_dim: int = 2736
+    n_heads: int = 16
+    rank: int = 256
+    n_layers: int = 4
+    vocab_size: int = 8192
+    batch: int = 4
+    seq: int = 1024
+
+
+SMOKE = Shape(dim=128, ffn_dim=344, n_heads=8, rank=32, n_layers=2, vocab_size=512, batch=2, seq=64)
+
+
+def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inductor"):
+    """Model, AdamW, parameter bytes per rank and loss function of a variant; a
+    ``[compiled]`` one is compiled after TP and checkpointing, as the trainer does."""
+    from torch.distributed.tensor import DTensor
+
+    from boost_titan.models.args import LlamaArgs
+    from boost_titan.models.model import Transformer
+    from boost_titan.tp_plans import apply_tp_plan
+
+    arch, plan, grouped, norm, ac = VARIANTS[base_name(name)]
+    args = LlamaArgs(dim=shape.dim, n_layers=shape.n_layers, n_heads=shape.n_heads, ffn_dim=shape.ffn_dim,
+                     vocab_size=shape.vocab_size, max_seq_len=shape.seq, arch=arch,
+                     rank=shape.rank if arch != "dense" else 0, norm_eps=1e-6, group_linears=grouped)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = Transformer(args)
+    # the trainer's entry: checks the TP degree divides what the plan splits, then applies it
+    job_config = SimpleNamespace(boost=SimpleNamespace(rmsnorm=norm))
+    apply_tp_plan(plan, model, mesh, loss_parallel=True, job_config=job_config)
+    if ac.startswith("latent"):
+        from boost_titan.parallelize import apply_latent_checkpointing
+
+        keep = "none" if ac.endswith("recompute-attn") else "attention"
+        apply_latent_checkpointing(model, "both", keep=keep, plan=plan, norm_mode=norm)
+    elif ac == "full":  # torchtitan's full AC: every block recomputed whole
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for layer_id, block in list(model.layers.named_children()):
+            model.layers.register_module(layer_id, checkpoint_wrapper(block, preserve_rng_state=False))
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=device)
+    loss_fn = lm_loss
+    if is_compiled(name):
+        from boost_titan.compile import apply_compile
+
+        apply_compile(model, SimpleNamespace(backend=backend))
+        loss_fn = torch.compile(lm_loss, backend=backend)  # as torchtitan's build_cross_entropy_loss
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    param_bytes = sum(
+        (p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in model.parameters()
+    )
+    return model, opt, param_bytes, loss_fn
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The benchmark's loss: token-mean cross-entropy (loss-parallel on sharded logits)."""
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def train_step(model, opt, tokens, labels, loss_fn=lm_loss):
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    with loss_parallel():
+        loss = loss_fn(model(tokens), labels)
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
