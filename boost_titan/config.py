@@ -115,5 +115,13 @@ def validate_boost_config(boost: Boost) -> None:
         raise ValueError(
             f"[boost] rank_ratio = {boost.rank_ratio} must be in (0, 1] (0 disables)"
         )
+    if not boost.cpu_peak_flops >= 0 or boost.cpu_peak_flops == float("inf"):
+        raise ValueError(
+            f"[boost] cpu_peak_flops = {boost.cpu_peak_flops} must be a finite number >= 0 "
+            "(0: measure at start-up)"
+        )
     if boost.rank and boost.rank_ratio:
-        raise ValueError("[boost] set either rank or rank_ratio, not both")
+        raise ValueError(
+            f"[boost] rank = {boost.rank} and rank_ratio = {boost.rank_ratio}: set either "
+            "rank or rank_ratio, not both (the other 0)"
+        )

@@ -103,7 +103,7 @@ def check_pipeline_config(config, n_layers: int) -> None:
     batch, micro = config.training.local_batch_size, par.pipeline_parallel_microbatch_size
     if micro < 1 or batch % micro:
         raise ValueError(
-            f"parallelism.pipeline_parallel_microbatch_size = {micro} does not divide "
+            f"[parallelism] pipeline_parallel_microbatch_size = {micro} does not divide "
             f"training.local_batch_size = {batch}; valid microbatch sizes: "
             f"{[m for m in range(1, batch + 1) if batch % m == 0]}"
         )
@@ -113,8 +113,25 @@ def check_pipeline_config(config, n_layers: int) -> None:
     if explicit:
         _check_explicit_split(explicit, n_layers, pp)
         return
-    per_rank = _stages_per_rank(par.pipeline_parallel_schedule, par.pipeline_parallel_layers_per_stage,
-                                n_layers, first_less, last_less, pp)
+    lps = par.pipeline_parallel_layers_per_stage
+    if lps is not None:
+        from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+        effective = n_layers + first_less + last_less
+        valid = [k for k in range(1, effective + 1) if effective % k == 0 and (effective // k) % pp == 0]
+        single = issubclass(get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle)
+        if single:
+            valid = [k for k in valid if effective // k == pp]
+        if lps not in valid:
+            raise ValueError(
+                f"[parallelism] pipeline_parallel_layers_per_stage = {lps} does not divide the "
+                f"{effective} effective layers ({n_layers} layers + first_stage_less_layers "
+                f"{first_less} + last_stage_less_layers {last_less}) into "
+                f"{'exactly one stage per rank' if single else 'a multiple of'} "
+                f"pipeline_parallel_degree {pp}{' (single-stage schedule ' + par.pipeline_parallel_schedule + ')' if single else ''}"
+                f"; valid values: {valid}"
+            )
+    per_rank = _stages_per_rank(par.pipeline_parallel_schedule, lps, n_layers, first_less, last_less, pp)
     stages = pp * per_rank
     effective = n_layers + first_less + last_less
     if stages > effective or effective % stages:
@@ -124,13 +141,17 @@ def check_pipeline_config(config, n_layers: int) -> None:
             f"({n_layers} layers + first_stage_less_layers {first_less} + "
             f"last_stage_less_layers {last_less}); change those two weights so the sum is a "
             f"multiple of {stages}, set pipeline_parallel_layers_per_stage, or list the stages "
-            f"in module_fqns_per_model_part"
+            f"in module_fqns_per_model_part ([parallelism] pipeline_parallel_degree = {pp}, "
+            f"pipeline_parallel_schedule = {par.pipeline_parallel_schedule!r}, "
+            f"pipeline_parallel_first_stage_less_layers = {first_less}, "
+            f"pipeline_parallel_last_stage_less_layers = {last_less})"
         )
     per_stage = effective // stages
     if first_less > per_stage or last_less > per_stage:
         raise ValueError(
-            f"first/last_stage_less_layers ({first_less}/{last_less}) exceed the "
-            f"{per_stage} effective layers of each of the {stages} stages"
+            f"[parallelism] pipeline_parallel_first_stage_less_layers = {first_less} / "
+            f"pipeline_parallel_last_stage_less_layers = {last_less}: a stage's weight exceeds the "
+            f"{per_stage} effective layers of each of the {stages} stages; valid: 0 .. {per_stage}"
         )
 
 
