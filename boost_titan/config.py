@@ -6,11 +6,18 @@
 
 from dataclasses import dataclass, field
 
-TP_PLANS = ("auto", "fullrank", "btp", "vanilla")
+# Every valid choice, listed once: config validation, models, plans, planner, benchmark
+# and error messages all read these.
+LOW_RANK_TP_PLANS = ("btp", "vanilla")
+TP_PLANS = ("auto", "fullrank", *LOW_RANK_TP_PLANS)
 RMSNORM_MODES = ("online", "sync")
 LAX_GATES = ("kron", "dense")
-LATENT_ACTS = ("default", "silu", "none")
-LATENT_CHECKPOINT = ("none", "attention", "mlp", "both")
+LATENT_ACTIVATIONS = ("silu", "none")
+LATENT_ACTS = ("default", *LATENT_ACTIVATIONS)
+# latent checkpointing mode -> the chunks of a block it recomputes in backward
+LATENT_CHECKPOINT_CHUNKS = {"none": (), "attention": ("attention",), "mlp": ("mlp",),
+                            "both": ("attention", "mlp")}
+LATENT_CHECKPOINT = tuple(LATENT_CHECKPOINT_CHUNKS)
 LATENT_CHECKPOINT_KEEP = ("attention", "none")
 NAN_POLICIES = ("stop", "skip")
 

@@ -12,7 +12,7 @@ from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_
 from torchtitan.tools.logging import logger
 
 from boost_titan.compile import apply_compile, use_rank_local_compile_cache
-from boost_titan.config import LATENT_CHECKPOINT_KEEP
+from boost_titan.config import LATENT_CHECKPOINT_CHUNKS, LATENT_CHECKPOINT_KEEP
 from boost_titan.cpu_runtime import fix_fsdp_reduce_for_gloo
 from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan
 
@@ -79,9 +79,6 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     return model
 
 
-_LATENT_CHUNKS = {"none": (), "attention": ("attention",), "mlp": ("mlp",), "both": ("attention", "mlp")}
-
-
 def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, keep: str = "attention",
                                plan: str | None = None, norm_mode: str = "online",
                                torchtitan_ac: str = "none") -> None:
@@ -109,7 +106,7 @@ def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, k
         raise ValueError(f"[boost] latent_checkpoint = {mode!r}: " + "; ".join(problems))
     for layer_id, block in model.layers.items():
         if block is not None and int(layer_id) % every == 0:
-            block.checkpointed_chunks = frozenset(_LATENT_CHUNKS[mode])
+            block.checkpointed_chunks = frozenset(LATENT_CHECKPOINT_CHUNKS[mode])
             block.keep_attention = keep == "attention"
     logger.info(f"Latent (communication-free) checkpointing: {mode} chunks, every {every} block(s), "
                 f"keeping {keep!r}")

@@ -16,10 +16,11 @@ import argparse
 import json
 from dataclasses import asdict, dataclass, field
 
+from boost_titan.config import LOW_RANK_TP_PLANS, RMSNORM_MODES
 from boost_titan.models.args import LlamaArgs, kron_factors
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PLANS = ("fullrank", "vanilla", "btp")
+PLANS = ("fullrank", *reversed(LOW_RANK_TP_PLANS))  # baselines first, then BTP
 
 
 @dataclass
@@ -206,7 +207,7 @@ def analyse(args: LlamaArgs, tp: int, batch: int, seq: int, dtype: str = "bfloat
                 activation_bytes_per_rank=rep.activation_bytes_per_rank,
             )
         out["plans"][plan] = entry
-    low_rank = [p for p in ("btp", "vanilla") if out["plans"][p]["valid"]]
+    low_rank = [p for p in LOW_RANK_TP_PLANS if out["plans"][p]["valid"]]
     if low_rank:
         best = min(low_rank, key=lambda p: out["plans"][p]["block_forward_bytes"] + out["plans"][p]["block_backward_bytes"])
         out["recommended"] = best
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
     p.add_argument("--rank", type=int, default=0, help="override the flavor's rank")
     p.add_argument("--ungrouped", action="store_true")
-    p.add_argument("--rmsnorm", default="online", choices=["online", "sync"])
+    p.add_argument("--rmsnorm", default="online", choices=list(RMSNORM_MODES))
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     table = flavors_for(MODEL_ARCH[a.model])

@@ -133,6 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     init_logger()
     config = parse_config(sys.argv[1:] if argv is None else argv)
     fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here
+    if "LOCAL_RANK" not in os.environ:
+        raise RuntimeError(
+            "boost_titan.train runs under torchrun: launch it with `NGPU=1 ./run_train.sh "
+            "--job.config_file X.toml` (or `torchrun --nproc_per_node=N -m boost_titan.train ...`)"
+        )
     trainer = None
     try:
         trainer = BoostTrainer(config)

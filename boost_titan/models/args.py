@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
+from boost_titan.config import LATENT_ACTS, LATENT_ACTIVATIONS, LAX_GATES
+
 ARCHITECTURES = ("dense", "svd", "cola", "lax")
 
 
@@ -111,8 +113,8 @@ class LlamaArgs(BaseModelArgs):
             )
         if not self.low_rank:
             return
-        if self.activation not in ("silu", "none"):
-            raise ValueError(f"latent_act {self.latent_act!r}: use silu, none or default")
+        if self.activation not in LATENT_ACTIVATIONS:
+            raise ValueError(f"latent_act {self.latent_act!r}: use one of {list(LATENT_ACTS)}")
         for name, (din, dout, r) in self.projection_shapes().items():
             if r <= 0 or r > min(din, dout):
                 raise ValueError(
@@ -120,8 +122,8 @@ class LlamaArgs(BaseModelArgs):
                     f"[1, {min(din, dout)}] (min(in, out))"
                 )
         if self.arch == "lax":
-            if self.lax_gate not in ("kron", "dense"):
-                raise ValueError(f"lax_gate {self.lax_gate!r}: use 'kron' or 'dense'")
+            if self.lax_gate not in LAX_GATES:
+                raise ValueError(f"lax_gate {self.lax_gate!r}: use one of {list(LAX_GATES)}")
             if self.lax_gate == "kron":
                 for r in {self.rank, self.effective_kv_rank}:
                     a, _ = kron_factors(r)

@@ -10,10 +10,12 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from boost_titan.config import LOW_RANK_TP_PLANS
 from boost_titan.models.args import LlamaArgs
 
-LOW_RANK_PLANS = ("btp", "vanilla")
-PLANS_FOR = {"dense": ("fullrank",), "svd": LOW_RANK_PLANS, "cola": LOW_RANK_PLANS, "lax": LOW_RANK_PLANS}
+# the first plan of each architecture is what "auto" picks
+PLANS_FOR = {"dense": ("fullrank",), "svd": LOW_RANK_TP_PLANS, "cola": LOW_RANK_TP_PLANS,
+             "lax": LOW_RANK_TP_PLANS}
 
 
 def resolve_tp_plan(requested: str, args: LlamaArgs) -> str:
