@@ -15,7 +15,7 @@ markdown summary printed at the end:
   GPUs 0 and 1 when two are visible, two gloo CPU ranks with ``--smoke``; skipped
   otherwise. Simulated TP in one process (tests/tp_sim.py, LocalTensorMode) cannot be
   compiled: AOTAutograd fails on LocalTensor x FunctionalTensor (torch 2.13).
-* ``gemm``: per-plan per-rank GEMM TFLOP/s at 7B/TP4 shapes (``bench.gemm_bench``,
+* ``gemm``: per-plan per-rank GEMM TFLOP/s at 7B/TP4 shapes (``bench.gemm.gemm_bench``,
   as ``python -m boost_titan.bench --gemm``).
 * ``throughput``: tokens/s and MFU of CoLA 350m and its dense twin, bf16 autocast
   (torchtitan's single-device mixed precision), eager and compiled, a few steps after

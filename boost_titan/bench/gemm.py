@@ -13,14 +13,14 @@ GEMM_DEFAULTS = {"tp": 4, "batch": 4, "seq": 4096}
 def gemm_bench(flavor: str, tp: int, batch: int, seq: int, dtype: str, m_scale: float, seconds: float) -> dict:
     """Single device: time each plan's per-rank forward GEMMs at a flavor's shapes."""
     from boost_titan.models.flavors import flavors_for
-    from boost_titan.plan import block_gemms
+    from boost_titan.plan import PLANS, block_gemms
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dt = getattr(torch, dtype)
     args = flavors_for("cola")[flavor]
     m = max(1, int(batch * seq * m_scale))
     out = {"flavor": flavor, "tp": tp, "m": m, "dtype": dtype, "device": str(dev), "plans": {}}
-    for plan in ("fullrank", "vanilla", "btp"):
+    for plan in PLANS:
         a = args.with_overrides(arch="dense", rank=0) if plan == "fullrank" else args
         total_flops, total_s, rows = 0.0, 0.0, []
         for gm in block_gemms(a, plan, tp, m):
