@@ -1,19 +1,20 @@
 # Set-up is incremental: the venv is made once (stamp), the corpus only when missing.
 #   make train   train the default debug model (CoLA + BTP, TP2) on the embedded corpus
 #   make test    run the whole test suite
+#   make lint    ruff lint + format check (CI runs it before the tests)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.boost-installed
 
-.PHONY: setup data train test clean-outputs
+.PHONY: setup data train test lint format clean-outputs
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: the local CPU wheel here, the CUDA build on GPU machines
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,6 +27,14 @@ train: data
 
 test: data
 	$(PY) -m pytest -q tests $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check boost_titan tests benchmarks
+	$(PY) -m ruff format --check boost_titan tests benchmarks
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix boost_titan tests benchmarks
+	$(PY) -m ruff format boost_titan tests benchmarks
 
 clean-outputs:
 	rm -rf outputs

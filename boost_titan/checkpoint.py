@@ -44,7 +44,9 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 
 FORMAT = "boost_titan/1"
 # DCP warns that it runs without a process group: that is the point here
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+warnings.filterwarnings(
+    "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+)
 # top-level DCP keys torchtitan stores next to the (flattened) model state
 _TRAINING_STATE = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state")
 
@@ -68,13 +70,15 @@ def expected_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
 
-def _check_names_and_shapes(found: dict[str, torch.Size], expected: dict[str, torch.Tensor],
-                            where: str, model_desc: str) -> None:
+def _check_names_and_shapes(
+    found: dict[str, torch.Size], expected: dict[str, torch.Tensor], where: str, model_desc: str
+) -> None:
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
     wrong = sorted(
         f"{k}: {tuple(found[k])} (model: {tuple(expected[k].shape)})"
-        for k in set(found) & set(expected) if tuple(found[k]) != tuple(expected[k].shape)
+        for k in set(found) & set(expected)
+        if tuple(found[k]) != tuple(expected[k].shape)
     )
     problems = []
     if missing:
@@ -85,7 +89,8 @@ def _check_names_and_shapes(found: dict[str, torch.Size], expected: dict[str, to
         problems.append(f"{len(wrong)} shape mismatches, e.g. {wrong[:5]}")
     if problems:
         raise ValueError(
-            f"{where} does not fit {model_desc}: " + "; ".join(problems)
+            f"{where} does not fit {model_desc}: "
+            + "; ".join(problems)
             + ". Use the config (model name, flavor, [boost] rank options) the weights were trained with."
         )
 
@@ -94,8 +99,11 @@ def _model_desc(job_config) -> str:
     return f"model {job_config.model.name!r} flavor {job_config.model.flavor!r}"
 
 
-def read_dcp_model(checkpoint_dir: str | os.PathLike, expected: dict[str, torch.Tensor],
-                   model_desc: str = "the model") -> dict[str, torch.Tensor]:
+def read_dcp_model(
+    checkpoint_dir: str | os.PathLike,
+    expected: dict[str, torch.Tensor],
+    model_desc: str = "the model",
+) -> dict[str, torch.Tensor]:
     """The model tensors of a DCP checkpoint as full, plain CPU tensors (their stored dtype)."""
     path = Path(checkpoint_dir)
     if not (path / ".metadata").is_file():
@@ -104,11 +112,13 @@ def read_dcp_model(checkpoint_dir: str | os.PathLike, expected: dict[str, torch.
 
     meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     stored = {
-        k: v for k, v in meta.items()
+        k: v
+        for k, v in meta.items()
         if isinstance(v, TensorStorageMetadata) and not k.startswith(_TRAINING_STATE)
     }
-    _check_names_and_shapes({k: v.size for k, v in stored.items()}, expected,
-                            f"checkpoint {str(path)!r}", model_desc)
+    _check_names_and_shapes(
+        {k: v.size for k, v in stored.items()}, expected, f"checkpoint {str(path)!r}", model_desc
+    )
     state = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in stored.items()}
     dcp.load(state, checkpoint_id=str(path), no_dist=True)
     return state
@@ -121,11 +131,15 @@ def _step_of(path: Path) -> str:
 
 def _args_json(args) -> str:
     fields = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else vars(args)
-    return json.dumps({k: v for k, v in fields.items() if isinstance(v, (int, float, str, bool, type(None)))},
-                      sort_keys=True)
+    return json.dumps(
+        {k: v for k, v in fields.items() if isinstance(v, (int, float, str, bool, type(None)))},
+        sort_keys=True,
+    )
 
 
-def export_safetensors(job_config, checkpoint_dir: str, out: str, dtype: torch.dtype | None = None) -> Path:
+def export_safetensors(
+    job_config, checkpoint_dir: str, out: str, dtype: torch.dtype | None = None
+) -> Path:
     from safetensors.torch import save_file
 
     args, model = model_for(job_config)
@@ -166,14 +180,25 @@ def import_safetensors(job_config, path: str, out_dir: str) -> Path:
     with safe_open(str(src), framework="pt") as f:
         meta = f.metadata() or {}
         if meta.get("format") != FORMAT:
-            raise ValueError(f"{path!r} is not a boost_titan export (format {meta.get('format')!r}, "
-                             f"expected {FORMAT!r})")
-        for key, want in (("model_name", job_config.model.name), ("flavor", job_config.model.flavor)):
+            raise ValueError(
+                f"{path!r} is not a boost_titan export (format {meta.get('format')!r}, "
+                f"expected {FORMAT!r})"
+            )
+        for key, want in (
+            ("model_name", job_config.model.name),
+            ("flavor", job_config.model.flavor),
+        ):
             if meta.get(key) != want:
-                raise ValueError(f"{path!r} holds {key} {meta.get(key)!r}, the config says {want!r}")
+                raise ValueError(
+                    f"{path!r} holds {key} {meta.get(key)!r}, the config says {want!r}"
+                )
         state = {k: f.get_tensor(k) for k in f.keys()}
-    _check_names_and_shapes({k: v.shape for k, v in state.items()}, expected_tensors(model),
-                            f"file {path!r}", _model_desc(job_config))
+    _check_names_and_shapes(
+        {k: v.shape for k, v in state.items()},
+        expected_tensors(model),
+        f"file {path!r}",
+        _model_desc(job_config),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
@@ -199,9 +224,18 @@ def main(argv: list[str] | None = None) -> None:
         "Other arguments (--job.config_file, --model.*, --boost.*) define the model.",
     )
     p.add_argument("command", choices=["export", "import"])
-    p.add_argument("--from", dest="src", required=True, help="DCP step folder (export) or .safetensors (import)")
-    p.add_argument("--to", dest="dst", required=True, help=".safetensors (export) or new DCP folder (import)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), help="export: cast every tensor (default: as stored)")
+    p.add_argument(
+        "--from",
+        dest="src",
+        required=True,
+        help="DCP step folder (export) or .safetensors (import)",
+    )
+    p.add_argument(
+        "--to", dest="dst", required=True, help=".safetensors (export) or new DCP folder (import)"
+    )
+    p.add_argument(
+        "--dtype", choices=sorted(_DTYPES), help="export: cast every tensor (default: as stored)"
+    )
     ours, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     job_config = parse_config(rest)  # boost_titan.train registers the train specs
 

@@ -27,7 +27,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import torch
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -45,9 +44,15 @@ class CommRecord:
     numel: int
 
 
-_C10D_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_base": "all_gather",
-               "reduce_scatter_base": "reduce_scatter", "alltoall": "all_to_all",
-               "alltoall_base": "all_to_all", "allreduce_coalesced": "all_reduce"}
+_C10D_NAMES = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "allgather_base": "all_gather",
+    "reduce_scatter_base": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "allreduce_coalesced": "all_reduce",
+}
 
 
 def canonical_op(name: str) -> str:
@@ -163,12 +168,19 @@ class CommCounter(CollectiveHook):
         first = blocks[0] if blocks else None
         return {
             "totals": totals,
-            "by_op": {f"{p}/{op}": {"count": c, "bytes": b} for (p, op), (c, b) in self.summary().items()},
+            "by_op": {
+                f"{p}/{op}": {"count": c, "bytes": b} for (p, op), (c, b) in self.summary().items()
+            },
             "block": first,
             "block_detail": {
-                phase: [{"op": r.op, "bytes": r.nbytes, "numel": r.numel} for r in self.block_records(first, phase)]
+                phase: [
+                    {"op": r.op, "bytes": r.nbytes, "numel": r.numel}
+                    for r in self.block_records(first, phase)
+                ]
                 for phase in ("forward", "backward")
-            } if first else {},
+            }
+            if first
+            else {},
         }
 
     def format(self) -> str:

@@ -15,8 +15,12 @@ LAX_GATES = ("kron", "dense")
 LATENT_ACTIVATIONS = ("silu", "none")
 LATENT_ACTS = ("default", *LATENT_ACTIVATIONS)
 # latent checkpointing mode -> the chunks of a block it recomputes in backward
-LATENT_CHECKPOINT_CHUNKS = {"none": (), "attention": ("attention",), "mlp": ("mlp",),
-                            "both": ("attention", "mlp")}
+LATENT_CHECKPOINT_CHUNKS = {
+    "none": (),
+    "attention": ("attention",),
+    "mlp": ("mlp",),
+    "both": ("attention", "mlp"),
+}
 LATENT_CHECKPOINT = tuple(LATENT_CHECKPOINT_CHUNKS)
 LATENT_CHECKPOINT_KEEP = ("attention", "none")
 NAN_POLICIES = ("stop", "skip")
@@ -113,15 +117,15 @@ def validate_boost_config(boost: Boost) -> None:
             f"[boost] nan_max_consecutive_skips = {boost.nan_max_consecutive_skips} must be >= 1"
         )
     if boost.latent_checkpoint_every < 1:
-        raise ValueError(f"[boost] latent_checkpoint_every = {boost.latent_checkpoint_every} must be >= 1")
+        raise ValueError(
+            f"[boost] latent_checkpoint_every = {boost.latent_checkpoint_every} must be >= 1"
+        )
     if boost.rank < 0:
         raise ValueError(f"[boost] rank = {boost.rank} must be >= 0 (0 = flavor default)")
     if boost.kv_rank < 0:
         raise ValueError(f"[boost] kv_rank = {boost.kv_rank} must be >= 0")
     if boost.rank_ratio < 0 or boost.rank_ratio > 1:
-        raise ValueError(
-            f"[boost] rank_ratio = {boost.rank_ratio} must be in (0, 1] (0 disables)"
-        )
+        raise ValueError(f"[boost] rank_ratio = {boost.rank_ratio} must be in (0, 1] (0 disables)")
     if not boost.cpu_peak_flops >= 0 or boost.cpu_peak_flops == float("inf"):
         raise ValueError(
             f"[boost] cpu_peak_flops = {boost.cpu_peak_flops} must be a finite number >= 0 "

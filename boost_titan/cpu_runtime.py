@@ -161,9 +161,7 @@ class RSSMemoryMonitor:
         from torchtitan.components.metrics import DeviceMemStats
 
         now, peak = current_rss_bytes(), peak_rss_bytes()
-        return DeviceMemStats(
-            now / 2**30, self._pct(now), peak / 2**30, self._pct(peak), 0, 0
-        )
+        return DeviceMemStats(now / 2**30, self._pct(now), peak / 2**30, self._pct(peak), 0, 0)
 
     def reset_peak_stats(self) -> None:
         reset_peak_rss()

@@ -1,11 +1,11 @@
 """Datasets registered with torchtitan's text loader (``[training] dataset = ...``).
 
-    boost_corpus      the embedded English corpus, train split
-    boost_corpus_val  its validation split (``[validation] dataset``)
-    local_text        your own data: ``dataset_path`` = a .jsonl/.json/.txt/.parquet
-                      file, a folder of them, a ``save_to_disk`` folder, or a local
-                      Hugging Face dataset folder; every sample needs a ``text`` field
-                      (.txt files: one document per file)
+boost_corpus      the embedded English corpus, train split
+boost_corpus_val  its validation split (``[validation] dataset``)
+local_text        your own data: ``dataset_path`` = a .jsonl/.json/.txt/.parquet
+                  file, a folder of them, a ``save_to_disk`` folder, or a local
+                  Hugging Face dataset folder; every sample needs a ``text`` field
+                  (.txt files: one document per file)
 """
 
 from __future__ import annotations

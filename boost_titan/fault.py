@@ -76,7 +76,9 @@ def parse_injections(spec: str) -> list[Injection]:
             raise ValueError(
                 f"{INJECT_ENV}: {item!r} is not KIND@STEP[:rank=R] with KIND in {list(INJECT_KINDS)}"
             )
-        out.append(Injection(m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3))))
+        out.append(
+            Injection(m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3)))
+        )
     return out
 
 
@@ -138,7 +140,10 @@ class Preemption:
     def _on_sigterm(self, signum, frame) -> None:
         if not self.requested:
             # no logging here: a signal handler may interrupt the logger itself
-            os.write(2, f"[boost_titan] SIGTERM on pid {os.getpid()}: checkpoint after this step\n".encode())
+            os.write(
+                2,
+                f"[boost_titan] SIGTERM on pid {os.getpid()}: checkpoint after this step\n".encode(),
+            )
         self.requested = True
 
 
@@ -160,7 +165,9 @@ class StepGuard:
     some rank always sees it. The loss is checked too (ranks without the last pipeline
     stage report a finite placeholder)."""
 
-    def __init__(self, trainer, policy: str, max_consecutive_skips: int, preemption: Preemption | None):
+    def __init__(
+        self, trainer, policy: str, max_consecutive_skips: int, preemption: Preemption | None
+    ):
         self.trainer = trainer
         self.policy = policy
         self.max_consecutive_skips = max_consecutive_skips
@@ -187,14 +194,19 @@ class StepGuard:
         grads = [g for g in grads if g.numel()]
         if not grads:
             return True
-        return bool(torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum()))
+        return bool(
+            torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum())
+        )
 
     def agree(self) -> tuple[bool, bool]:
         """(non-finite anywhere, SIGTERM seen anywhere), the same on every rank."""
         flags = torch.tensor(
-            [not (self.loss_finite and self._local_grads_finite()),
-             self.preemption is not None and self.preemption.requested],
-            dtype=torch.int32, device=self.trainer.device,
+            [
+                not (self.loss_finite and self._local_grads_finite()),
+                self.preemption is not None and self.preemption.requested,
+            ],
+            dtype=torch.int32,
+            device=self.trainer.device,
         )
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)

@@ -45,8 +45,10 @@ THROUGHPUT_ARCHS = ("cola", "dense")
 LOSS_RTOL = 1e-4  # compiled vs eager loss, relative (fp32)
 GRAD_RTOL = 1e-3  # compiled vs eager gradients: max |diff| / max |eager| per parameter
 NUMERIC_STEPS = 2  # the second step checks the compiled graphs see the updated weights
-LOCAL_TENSOR_NOTE = ("simulated TP (fake process group + LocalTensorMode) cannot be compiled with torch "
-                     f"{torch.__version__}: AOTAutograd fails on LocalTensor x FunctionalTensor")
+LOCAL_TENSOR_NOTE = (
+    "simulated TP (fake process group + LocalTensorMode) cannot be compiled with torch "
+    f"{torch.__version__}: AOTAutograd fails on LocalTensor x FunctionalTensor"
+)
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,21 @@ class Sizes:
 
 # CPU: tiny shapes, same code paths (tests/test_bench.py runs it)
 # (TP2: one architecture per plan, full-rank and BTP; tracing DTensor code is slow)
-SMOKE = Sizes(numerics_dim=128, numerics_batch=2, numerics_seq=32, tp2_archs=("dense", "cola"),
-              throughput_flavor="debugmodel",
-              throughput_dim=128, throughput_batch=2, throughput_seq=64, warmup=1, steps=2,
-              gemm_dtype="float32", gemm_m_scale=0.002, gemm_seconds=0.02)
+SMOKE = Sizes(
+    numerics_dim=128,
+    numerics_batch=2,
+    numerics_seq=32,
+    tp2_archs=("dense", "cola"),
+    throughput_flavor="debugmodel",
+    throughput_dim=128,
+    throughput_batch=2,
+    throughput_seq=64,
+    warmup=1,
+    steps=2,
+    gemm_dtype="float32",
+    gemm_m_scale=0.002,
+    gemm_seconds=0.02,
+)
 
 
 # ----------------------------------------------------------------------------- building
@@ -86,7 +99,12 @@ def model_args(arch: str, flavor: str, seq: int, dim: int | None):
     args.max_seq_len = seq
     if dim is not None:
         # ffn ~ 8d/3 rounded up to a multiple of 8: divisible by the TP degree
-        args.dim, args.ffn_dim, args.vocab_size, args.n_layers = dim, -(-dim * 8 // 3 // 8) * 8, 512, 2
+        args.dim, args.ffn_dim, args.vocab_size, args.n_layers = (
+            dim,
+            -(-dim * 8 // 3 // 8) * 8,
+            512,
+            2,
+        )
         if args.low_rank:
             args.rank = dim // 4
     args.validate()
@@ -149,8 +167,18 @@ def adamw(model) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
 
 
-def train_steps(model, opt, loss_fn, tokens, labels, steps: int, *, context=None, amp_dtype=None,
-                keep_grads=False):
+def train_steps(
+    model,
+    opt,
+    loss_fn,
+    tokens,
+    labels,
+    steps: int,
+    *,
+    context=None,
+    amp_dtype=None,
+    keep_grads=False,
+):
     """Steps with the trainer's token-mean loss; returns losses, per-step seconds and
     (``keep_grads``) the first step's local gradients by parameter name."""
     import contextlib
@@ -161,11 +189,17 @@ def train_steps(model, opt, loss_fn, tokens, labels, steps: int, *, context=None
         sync(device)
         t0 = time.perf_counter()
         with context() if context else contextlib.nullcontext():
-            with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext():
+            with (
+                torch.autocast(device.type, dtype=amp_dtype)
+                if amp_dtype
+                else contextlib.nullcontext()
+            ):
                 loss = loss_fn(model(tokens), labels) / labels.numel()
             loss.backward()
         if keep_grads and i == 0:
-            grads = {plain_name(n): local(p.grad).detach().clone() for n, p in model.named_parameters()}
+            grads = {
+                plain_name(n): local(p.grad).detach().clone() for n, p in model.named_parameters()
+            }
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(scalar(loss.detach()))  # syncs, so the step time is the step's
@@ -178,10 +212,18 @@ def compare(eager: tuple, compiled: tuple) -> dict:
     """Loss and gradient differences of two ``train_steps`` results."""
     (le, te, ge), (lc, tc, gc) = eager, compiled
     loss_rel = max(abs(c - e) / max(abs(e), 1e-30) for e, c in zip(le, lc))
-    grad_rel = max(((gc[n] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item() for n, g in ge.items())
-    return {"eager_loss": le, "compiled_loss": lc, "loss_max_rel_diff": loss_rel,
-            "grad_max_rel_diff": grad_rel, "compile_step_s": tc[0], "eager_first_step_s": te[0],
-            "ok": loss_rel <= LOSS_RTOL and grad_rel <= GRAD_RTOL}
+    grad_rel = max(
+        ((gc[n] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item() for n, g in ge.items()
+    )
+    return {
+        "eager_loss": le,
+        "compiled_loss": lc,
+        "loss_max_rel_diff": loss_rel,
+        "grad_max_rel_diff": grad_rel,
+        "compile_step_s": tc[0],
+        "eager_first_step_s": te[0],
+        "ok": loss_rel <= LOSS_RTOL and grad_rel <= GRAD_RTOL,
+    }
 
 
 class PeakMemory:
@@ -192,7 +234,11 @@ class PeakMemory:
 
     @property
     def source(self) -> str:
-        return "torch.cuda.max_memory_allocated" if self.device.type == "cuda" else "peak RSS rise (CPU)"
+        return (
+            "torch.cuda.max_memory_allocated"
+            if self.device.type == "cuda"
+            else "peak RSS rise (CPU)"
+        )
 
     def start(self) -> None:
         from boost_titan.cpu_runtime import current_rss_bytes, reset_peak_rss
@@ -252,9 +298,16 @@ def numerics(sizes: Sizes, device: torch.device, backend: str) -> dict:
     """Eager vs compiled, every architecture, one device, fp32."""
     torch.set_float32_matmul_precision("highest")  # no TF32: compare fp32 with fp32
     rows = {arch: guarded(_numerics_arch, arch, sizes, device, backend) for arch in ARCHS}
-    return {"dtype": "float32", "flavor": sizes.numerics_flavor, "batch": sizes.numerics_batch,
-            "seq": sizes.numerics_seq, "steps": NUMERIC_STEPS, "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL,
-            "archs": rows}
+    return {
+        "dtype": "float32",
+        "flavor": sizes.numerics_flavor,
+        "batch": sizes.numerics_batch,
+        "seq": sizes.numerics_seq,
+        "steps": NUMERIC_STEPS,
+        "loss_rtol": LOSS_RTOL,
+        "grad_rtol": GRAD_RTOL,
+        "archs": rows,
+    }
 
 
 def _numerics_arch(arch: str, sizes: Sizes, device: torch.device, backend: str) -> dict:
@@ -267,9 +320,13 @@ def _numerics_arch(arch: str, sizes: Sizes, device: torch.device, backend: str) 
     try:
         for mode in ("eager", "compiled"):
             model = build_model(args, device)
-            loss_fn = compile_like_trainer(model, backend) if mode == "compiled" else cross_entropy_loss
+            loss_fn = (
+                compile_like_trainer(model, backend) if mode == "compiled" else cross_entropy_loss
+            )
             mem.start()
-            runs[mode] = train_steps(model, adamw(model), loss_fn, tokens, labels, NUMERIC_STEPS, keep_grads=True)
+            runs[mode] = train_steps(
+                model, adamw(model), loss_fn, tokens, labels, NUMERIC_STEPS, keep_grads=True
+            )
             peaks[f"{mode}_peak_mem_mib"] = mem.peak_mib()
             del model
     finally:
@@ -286,7 +343,9 @@ def _tp2_worker(rank: int, cfg: dict, init_file: str, out_file: str) -> None:
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(1)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
+    )
     try:
         from boost_titan.compile import use_rank_local_compile_cache
 
@@ -316,10 +375,24 @@ def _tp2_arch(arch: str, cfg: dict, device: torch.device) -> dict:
     tokens, labels = batch(args.vocab_size, sizes.numerics_batch, sizes.numerics_seq, device)
     runs = {}
     for mode in ("eager", "compiled"):
-        model = build_model(args, device, lambda m: apply_tp_plan(plan, m, mesh, loss_parallel=True, job_config=job))
-        loss_fn = compile_like_trainer(model, cfg["backend"]) if mode == "compiled" else cross_entropy_loss
-        runs[mode] = train_steps(model, adamw(model), loss_fn, tokens, labels, NUMERIC_STEPS,
-                                 context=loss_parallel, keep_grads=True)
+        model = build_model(
+            args, device, lambda m: apply_tp_plan(plan, m, mesh, loss_parallel=True, job_config=job)
+        )
+        loss_fn = (
+            compile_like_trainer(model, cfg["backend"])
+            if mode == "compiled"
+            else cross_entropy_loss
+        )
+        runs[mode] = train_steps(
+            model,
+            adamw(model),
+            loss_fn,
+            tokens,
+            labels,
+            NUMERIC_STEPS,
+            context=loss_parallel,
+            keep_grads=True,
+        )
         del model
         release(device)
     row = compare(runs["eager"], runs["compiled"])
@@ -335,22 +408,43 @@ def tp2(sizes: Sizes, smoke: bool, backend: str) -> dict:
     """TP2 eager vs compiled on two real ranks, when there are two."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < 2 and not (smoke and gpus == 0):
-        return {"ran": False, "reason": f"needs 2 GPUs, {gpus} visible", "note": LOCAL_TENSOR_NOTE, "archs": {}}
+        return {
+            "ran": False,
+            "reason": f"needs 2 GPUs, {gpus} visible",
+            "note": LOCAL_TENSOR_NOTE,
+            "archs": {},
+        }
     cfg = {"cuda": gpus >= 2, "sizes": asdict(sizes), "backend": backend}
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "tp2.json")
-        torch.multiprocessing.spawn(_tp2_worker, args=(cfg, os.path.join(tmp, "init"), out_file), nprocs=2)
+        torch.multiprocessing.spawn(
+            _tp2_worker, args=(cfg, os.path.join(tmp, "init"), out_file), nprocs=2
+        )
         rows = json.loads(Path(out_file).read_text())
-    return {"ran": True, "ranks": "2 GPUs (nccl)" if cfg["cuda"] else "2 CPU ranks (gloo)", "dtype": "float32",
-            "note": LOCAL_TENSOR_NOTE, "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL, "archs": rows}
+    return {
+        "ran": True,
+        "ranks": "2 GPUs (nccl)" if cfg["cuda"] else "2 CPU ranks (gloo)",
+        "dtype": "float32",
+        "note": LOCAL_TENSOR_NOTE,
+        "loss_rtol": LOSS_RTOL,
+        "grad_rtol": GRAD_RTOL,
+        "archs": rows,
+    }
 
 
 def gemm(sizes: Sizes) -> dict:
     """Per-plan GEMM rates at 7B/TP4, b 4 x s 4096 (scaled by ``gemm_m_scale``)."""
     from boost_titan.bench.gemm import GEMM_DEFAULTS, gemm_bench
 
-    return gemm_bench("7b", GEMM_DEFAULTS["tp"], GEMM_DEFAULTS["batch"], GEMM_DEFAULTS["seq"], sizes.gemm_dtype,
-                      sizes.gemm_m_scale, sizes.gemm_seconds)
+    return gemm_bench(
+        "7b",
+        GEMM_DEFAULTS["tp"],
+        GEMM_DEFAULTS["batch"],
+        GEMM_DEFAULTS["seq"],
+        sizes.gemm_dtype,
+        sizes.gemm_m_scale,
+        sizes.gemm_seconds,
+    )
 
 
 def peak_flops(device: torch.device) -> tuple[float, str]:
@@ -376,40 +470,66 @@ def throughput(sizes: Sizes, device: torch.device, backend: str) -> dict:
     tokens_per_step = sizes.throughput_batch * sizes.throughput_seq
     for arch in THROUGHPUT_ARCHS:
         args = model_args(arch, sizes.throughput_flavor, sizes.throughput_seq, sizes.throughput_dim)
-        tokens, labels = batch(args.vocab_size, sizes.throughput_batch, sizes.throughput_seq, device)
+        tokens, labels = batch(
+            args.vocab_size, sizes.throughput_batch, sizes.throughput_seq, device
+        )
         for mode in ("eager", "compiled"):
             model = build_model(args, device)
-            loss_fn = compile_like_trainer(model, backend) if mode == "compiled" else cross_entropy_loss
+            loss_fn = (
+                compile_like_trainer(model, backend) if mode == "compiled" else cross_entropy_loss
+            )
             opt = adamw(model)
             graphs_before = graphs_compiled()
-            first = train_steps(model, opt, loss_fn, tokens, labels, 1 + sizes.warmup, amp_dtype=torch.bfloat16)
+            first = train_steps(
+                model, opt, loss_fn, tokens, labels, 1 + sizes.warmup, amp_dtype=torch.bfloat16
+            )
             graphs_warm = graphs_compiled()
             mem.start()  # steady state: weights, gradients, Adam moments, activations
-            _, times, _ = train_steps(model, opt, loss_fn, tokens, labels, sizes.steps, amp_dtype=torch.bfloat16)
+            _, times, _ = train_steps(
+                model, opt, loss_fn, tokens, labels, sizes.steps, amp_dtype=torch.bfloat16
+            )
             med = statistics.median(times)
             tps = tokens_per_step / med
             runs[f"{arch} {mode}"] = {
-                "first_step_s": first[1][0], "first_step_loss": first[0][0],
-                "step_time_median_s": med, "step_time_min_s": min(times), "step_time_max_s": max(times),
-                "tokens_per_s": tps, "mfu": tps * args.flops_per_token(sizes.throughput_seq) / peak,
-                "peak_mem_mib": mem.peak_mib(), "params": sum(p.numel() for p in model.parameters()),
+                "first_step_s": first[1][0],
+                "first_step_loss": first[0][0],
+                "step_time_median_s": med,
+                "step_time_min_s": min(times),
+                "step_time_max_s": max(times),
+                "tokens_per_s": tps,
+                "mfu": tps * args.flops_per_token(sizes.throughput_seq) / peak,
+                "peak_mem_mib": mem.peak_mib(),
+                "params": sum(p.numel() for p in model.parameters()),
                 "graphs_compiled": graphs_warm - graphs_before,
                 # > 0: compilation inside the timed steps (raise --warmup)
                 "graphs_compiled_in_timed_steps": graphs_compiled() - graphs_warm,
             }
             del model, opt
             release(device)
-    return {"flavor": sizes.throughput_flavor, "dtype": "bfloat16 autocast, fp32 weights",
-            "batch": sizes.throughput_batch, "seq": sizes.throughput_seq, "warmup": sizes.warmup,
-            "steps": sizes.steps, "peak_flops": peak, "peak_flops_source": peak_source,
-            "runs": runs, "ratios": _throughput_ratios(runs)}
+    return {
+        "flavor": sizes.throughput_flavor,
+        "dtype": "bfloat16 autocast, fp32 weights",
+        "batch": sizes.throughput_batch,
+        "seq": sizes.throughput_seq,
+        "warmup": sizes.warmup,
+        "steps": sizes.steps,
+        "peak_flops": peak,
+        "peak_flops_source": peak_source,
+        "runs": runs,
+        "ratios": _throughput_ratios(runs),
+    }
 
 
 def _throughput_ratios(runs: dict) -> dict:
-    r = {f"{a}_compiled_vs_eager_tokens_per_s": runs[f"{a} compiled"]["tokens_per_s"] / runs[f"{a} eager"]["tokens_per_s"]
-         for a in THROUGHPUT_ARCHS}
+    r = {
+        f"{a}_compiled_vs_eager_tokens_per_s": runs[f"{a} compiled"]["tokens_per_s"]
+        / runs[f"{a} eager"]["tokens_per_s"]
+        for a in THROUGHPUT_ARCHS
+    }
     for mode in ("eager", "compiled"):
-        r[f"cola_vs_dense_tokens_per_s_{mode}"] = runs[f"cola {mode}"]["tokens_per_s"] / runs[f"dense {mode}"]["tokens_per_s"]
+        r[f"cola_vs_dense_tokens_per_s_{mode}"] = (
+            runs[f"cola {mode}"]["tokens_per_s"] / runs[f"dense {mode}"]["tokens_per_s"]
+        )
     for a in THROUGHPUT_ARCHS:  # bf16: compiled kernels round differently; informative, not checked
         e, c = runs[f"{a} eager"]["first_step_loss"], runs[f"{a} compiled"]["first_step_loss"]
         r[f"{a}_bf16_first_step_loss_rel_diff"] = abs(c - e) / max(abs(e), 1e-30)
@@ -432,21 +552,29 @@ def memory(results: dict, device: torch.device) -> dict:
 def failures(results: dict) -> list[str]:
     """One line per section that failed and per architecture whose compiled run
     failed or does not match eager."""
-    out = [f"{name}: {section['error']}" for name, section in results.items()
-           if isinstance(section, dict) and "error" in section]
+    out = [
+        f"{name}: {section['error']}"
+        for name, section in results.items()
+        if isinstance(section, dict) and "error" in section
+    ]
     for section in ("numerics", "tp2"):
         for arch, row in results.get(section, {}).get("archs", {}).items():
             if "error" in row:
                 out.append(f"{section} {arch}: {row['error']}")
             elif not row["ok"]:
-                out.append(f"{section} {arch}: loss rel diff {row['loss_max_rel_diff']:.2e} (max {LOSS_RTOL:g}), "
-                           f"grad rel diff {row['grad_max_rel_diff']:.2e} (max {GRAD_RTOL:g})")
+                out.append(
+                    f"{section} {arch}: loss rel diff {row['loss_max_rel_diff']:.2e} (max {LOSS_RTOL:g}), "
+                    f"grad rel diff {row['grad_max_rel_diff']:.2e} (max {GRAD_RTOL:g})"
+                )
     return out
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# GPU check: {results['device']}, torch {results['torch']}, {results['backend']}"
-             f"{' (smoke)' if results['smoke'] else ''}, {results['seconds']:.0f} s", ""]
+    lines = [
+        f"# GPU check: {results['device']}, torch {results['torch']}, {results['backend']}"
+        f"{' (smoke)' if results['smoke'] else ''}, {results['seconds']:.0f} s",
+        "",
+    ]
     for name in SECTIONS:
         if "error" in results.get(name, {}):
             lines += [f"{name}: **ERROR** {results[name]['error']}", ""]
@@ -468,38 +596,53 @@ def markdown(results: dict) -> str:
 
 def _gemm_md(g: dict) -> list[str]:
     lines = [f"Per-rank block GEMMs, {g['flavor']} TP{g['tp']}, m = {g['m']}, {g['dtype']}:", ""]
-    lines += [f"- {plan}: {r['tflops']:.2f} TFLOP/s ({r['block_gemm_time_s'] * 1e3:.2f} ms per block)"
-              for plan, r in g["plans"].items()]
+    lines += [
+        f"- {plan}: {r['tflops']:.2f} TFLOP/s ({r['block_gemm_time_s'] * 1e3:.2f} ms per block)"
+        for plan, r in g["plans"].items()
+    ]
     return lines + [""]
 
 
 def _throughput_md(t: dict) -> list[str]:
-    lines = [f"Throughput, {t['flavor']}, {t['dtype']}, batch {t['batch']} x seq {t['seq']}, "
-              f"{t['steps']} steps after {t['warmup']} warm-up (MFU vs {t['peak_flops']:.3g} FLOP/s, "
-              f"{t['peak_flops_source']}):", "",
-              "| run | first step s | step s (median) | tokens/s | MFU | peak MiB |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Throughput, {t['flavor']}, {t['dtype']}, batch {t['batch']} x seq {t['seq']}, "
+        f"{t['steps']} steps after {t['warmup']} warm-up (MFU vs {t['peak_flops']:.3g} FLOP/s, "
+        f"{t['peak_flops_source']}):",
+        "",
+        "| run | first step s | step s (median) | tokens/s | MFU | peak MiB |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in t["runs"].items():
-        lines.append(f"| {name} | {r['first_step_s']:.1f} | {r['step_time_median_s']:.4f} | {r['tokens_per_s']:.0f} "
-                     f"| {100 * r['mfu']:.1f}% | {r['peak_mem_mib']:.0f} |")
+        lines.append(
+            f"| {name} | {r['first_step_s']:.1f} | {r['step_time_median_s']:.4f} | {r['tokens_per_s']:.0f} "
+            f"| {100 * r['mfu']:.1f}% | {r['peak_mem_mib']:.0f} |"
+        )
     lines += [""] + [f"- {k}: {v:.3g}" for k, v in t["ratios"].items()]
     recompiled = [n for n, r in t["runs"].items() if r["graphs_compiled_in_timed_steps"]]
     if recompiled:
-        lines.append(f"- Warning: graphs compiled during the timed steps of {recompiled} (raise --warmup)")
+        lines.append(
+            f"- Warning: graphs compiled during the timed steps of {recompiled} (raise --warmup)"
+        )
     return lines + [""]
 
 
 def _numerics_md(title: str, section: dict) -> list[str]:
-    lines = [f"{title} (loss max rel diff <= {LOSS_RTOL:g}, grads <= {GRAD_RTOL:g}):", "",
-             "| arch | loss eager / compiled (step 1) | loss rel diff | grad rel diff | compile step s | ok |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"{title} (loss max rel diff <= {LOSS_RTOL:g}, grads <= {GRAD_RTOL:g}):",
+        "",
+        "| arch | loss eager / compiled (step 1) | loss rel diff | grad rel diff | compile step s | ok |",
+        "|---|---|---|---|---|---|",
+    ]
     for arch, r in section["archs"].items():
         if "error" in r:
             lines.append(f"| {arch} | **ERROR** {r['error'][:200]} | | | | **NO** |")
             continue
         plan = f" ({r['plan']})" if "plan" in r else ""
-        lines.append(f"| {arch}{plan} | {r['eager_loss'][0]:.6f} / {r['compiled_loss'][0]:.6f} "
-                     f"| {r['loss_max_rel_diff']:.1e} | {r['grad_max_rel_diff']:.1e} | {r['compile_step_s']:.1f} "
-                     f"| {'yes' if r['ok'] else '**NO**'} |")
+        lines.append(
+            f"| {arch}{plan} | {r['eager_loss'][0]:.6f} / {r['compiled_loss'][0]:.6f} "
+            f"| {r['loss_max_rel_diff']:.1e} | {r['grad_max_rel_diff']:.1e} | {r['compile_step_s']:.1f} "
+            f"| {'yes' if r['ok'] else '**NO**'} |"
+        )
     return lines + [""]
 
 
@@ -514,11 +657,20 @@ def run(sizes: Sizes, smoke: bool, backend: str, sections: tuple[str, ...] = SEC
         torch.cuda.set_device(device)
     fail_rather_than_fall_back()
     start = time.perf_counter()
-    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-               "torch": torch.__version__, "backend": backend, "smoke": smoke, "sizes": asdict(sizes),
-               "section_seconds": {}}
-    fns = {"numerics": lambda: numerics(sizes, device, backend), "tp2": lambda: tp2(sizes, smoke, backend),
-           "gemm": lambda: gemm(sizes), "throughput": lambda: throughput(sizes, device, backend)}
+    results = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+        "torch": torch.__version__,
+        "backend": backend,
+        "smoke": smoke,
+        "sizes": asdict(sizes),
+        "section_seconds": {},
+    }
+    fns = {
+        "numerics": lambda: numerics(sizes, device, backend),
+        "tp2": lambda: tp2(sizes, smoke, backend),
+        "gemm": lambda: gemm(sizes),
+        "throughput": lambda: throughput(sizes, device, backend),
+    }
     for name in sections:
         t0 = time.perf_counter()
         results[name] = guarded(fns[name])
@@ -531,24 +683,57 @@ def run(sizes: Sizes, smoke: bool, backend: str, sections: tuple[str, ...] = SEC
 
 def _sizes(a: argparse.Namespace) -> Sizes:
     base = SMOKE if a.smoke else Sizes()
-    given = {k: v for k, v in (("throughput_batch", a.batch), ("throughput_seq", a.seq), ("steps", a.steps),
-                               ("warmup", a.warmup)) if v is not None}
+    given = {
+        k: v
+        for k, v in (
+            ("throughput_batch", a.batch),
+            ("throughput_seq", a.seq),
+            ("steps", a.steps),
+            ("warmup", a.warmup),
+        )
+        if v is not None
+    }
     return Sizes(**{**asdict(base), **given})
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="outputs/gpu_check", help="folder for gpu_check.json")
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the code paths in a minute or two")
-    p.add_argument("--backend", default=None,
-                   help="torch.compile backend (default inductor; --smoke: aot_eager, which traces and partitions "
-                        "as inductor does but skips C++ code generation, minutes on a small CPU)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU, tiny shapes: checks the code paths in a minute or two",
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="torch.compile backend (default inductor; --smoke: aot_eager, which traces and partitions "
+        "as inductor does but skips C++ code generation, minutes on a small CPU)",
+    )
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {list(SECTIONS)}")
-    p.add_argument("--batch", type=int, default=None, help=f"throughput batch (default {Sizes.throughput_batch})")
-    p.add_argument("--seq", type=int, default=None, help=f"throughput sequence length (default {Sizes.throughput_seq})")
-    p.add_argument("--steps", type=int, default=None, help=f"timed throughput steps (default {Sizes.steps})")
-    p.add_argument("--warmup", type=int, default=None,
-                   help=f"untimed steps after the compiling one (default {Sizes.warmup})")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help=f"throughput batch (default {Sizes.throughput_batch})",
+    )
+    p.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help=f"throughput sequence length (default {Sizes.throughput_seq})",
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help=f"timed throughput steps (default {Sizes.steps})"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help=f"untimed steps after the compiling one (default {Sizes.warmup})",
+    )
     a = p.parse_args(argv)
     for flag in ("batch", "seq", "steps"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:

@@ -41,9 +41,12 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         logger.info(f"Applied tensor-parallel plan {plan!r} (degree {tp_mesh.size()})")
 
     apply_latent_checkpointing(
-        model, job_config.boost.latent_checkpoint, job_config.boost.latent_checkpoint_every,
+        model,
+        job_config.boost.latent_checkpoint,
+        job_config.boost.latent_checkpoint_every,
         keep=job_config.boost.latent_checkpoint_keep,
-        plan=plan if parallel_dims.tp_enabled else None, norm_mode=job_config.boost.rmsnorm,
+        plan=plan if parallel_dims.tp_enabled else None,
+        norm_mode=job_config.boost.rmsnorm,
         torchtitan_ac=job_config.activation_checkpoint.mode,
     )
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
@@ -79,16 +82,25 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     return model
 
 
-def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, keep: str = "attention",
-                               plan: str | None = None, norm_mode: str = "online",
-                               torchtitan_ac: str = "none") -> None:
+def apply_latent_checkpointing(
+    model: nn.Module,
+    mode: str,
+    every: int = 1,
+    *,
+    keep: str = "attention",
+    plan: str | None = None,
+    norm_mode: str = "online",
+    torchtitan_ac: str = "none",
+) -> None:
     """Mark which low-rank blocks recompute which chunks in backward (see
     ``LowRankBlock.forward``): only chunk bodies without forward collectives are
     recomputed, so backward communicates exactly as without checkpointing. ``keep =
     "attention"``: recomputed attention chunks also keep the attention kernel's outputs."""
     if keep not in LATENT_CHECKPOINT_KEEP:
-        raise ValueError(f"[boost] latent_checkpoint_keep = {keep!r} is not valid; "
-                         f"choose one of {list(LATENT_CHECKPOINT_KEEP)}")
+        raise ValueError(
+            f"[boost] latent_checkpoint_keep = {keep!r} is not valid; "
+            f"choose one of {list(LATENT_CHECKPOINT_KEEP)}"
+        )
     if mode == "none":
         return
     args = model.model_args
@@ -96,17 +108,23 @@ def apply_latent_checkpointing(model: nn.Module, mode: str, every: int = 1, *, k
     if not args.low_rank:
         problems.append("the model is dense (latent checkpointing needs bottleneck blocks)")
     if plan not in (None, "btp"):
-        problems.append(f"tp_plan {plan!r} communicates inside its chunks; use btp, or "
-                        "[activation_checkpoint] mode = 'full' for the baselines")
+        problems.append(
+            f"tp_plan {plan!r} communicates inside its chunks; use btp, or "
+            "[activation_checkpoint] mode = 'full' for the baselines"
+        )
     if plan == "btp" and norm_mode != "online":
         problems.append("rmsnorm = 'sync' all-reduces inside the norm; use 'online'")
     if torchtitan_ac != "none":
-        problems.append(f"[activation_checkpoint] mode = {torchtitan_ac!r} is also set; use one of the two")
+        problems.append(
+            f"[activation_checkpoint] mode = {torchtitan_ac!r} is also set; use one of the two"
+        )
     if problems:
         raise ValueError(f"[boost] latent_checkpoint = {mode!r}: " + "; ".join(problems))
     for layer_id, block in model.layers.items():
         if block is not None and int(layer_id) % every == 0:
             block.checkpointed_chunks = frozenset(LATENT_CHECKPOINT_CHUNKS[mode])
             block.keep_attention = keep == "attention"
-    logger.info(f"Latent (communication-free) checkpointing: {mode} chunks, every {every} block(s), "
-                f"keeping {keep!r}")
+    logger.info(
+        f"Latent (communication-free) checkpointing: {mode} chunks, every {every} block(s), "
+        f"keeping {keep!r}"
+    )

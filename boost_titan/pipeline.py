@@ -50,7 +50,9 @@ def build_loss_fn(job_config, **kwargs) -> TokenMeanLoss:
     return TokenMeanLoss(build_cross_entropy_loss(job_config, **kwargs))
 
 
-def pipeline_forward_backward(trainer, inputs, labels, extra_inputs, extra_kwargs, global_valid_tokens):
+def pipeline_forward_backward(
+    trainer, inputs, labels, extra_inputs, extra_kwargs, global_valid_tokens
+):
     """One pipelined forward/backward over the local batch; returns
     ``local loss sum / global_valid_tokens`` like torchtitan's non-PP path (-1 on ranks
     without the last stage). The microbatch losses come back already normalised."""
@@ -59,8 +61,14 @@ def pipeline_forward_backward(trainer, inputs, labels, extra_inputs, extra_kwarg
     targets, losses = (labels, []) if trainer.pp_has_last_stage else (None, None)
     with trainer.train_context(), loss_fn.normalized_by(global_valid_tokens):
         if trainer.pp_has_first_stage:
-            schedule.step(inputs, **extra_inputs, **extra_kwargs, target=targets, losses=losses,
-                          return_outputs=False)
+            schedule.step(
+                inputs,
+                **extra_inputs,
+                **extra_kwargs,
+                target=targets,
+                losses=losses,
+                return_outputs=False,
+            )
         else:
             schedule.step(**extra_kwargs, target=targets, losses=losses, return_outputs=False)
     if not trainer.pp_has_last_stage:
@@ -69,8 +77,14 @@ def pipeline_forward_backward(trainer, inputs, labels, extra_inputs, extra_kwarg
     return torch.sum(torch.stack(losses)).to(trainer.device)
 
 
-def _stages_per_rank(schedule: str, layers_per_stage: int | None, n_layers: int,
-                     first_less: int, last_less: int, pp: int) -> int:
+def _stages_per_rank(
+    schedule: str,
+    layers_per_stage: int | None,
+    n_layers: int,
+    first_less: int,
+    last_less: int,
+    pp: int,
+) -> int:
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
     single = issubclass(get_schedule_class(schedule), PipelineScheduleSingle)
@@ -115,11 +129,18 @@ def check_pipeline_config(config, n_layers: int) -> None:
         return
     lps = par.pipeline_parallel_layers_per_stage
     if lps is not None:
-        from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+        from torch.distributed.pipelining.schedules import (
+            PipelineScheduleSingle,
+            get_schedule_class,
+        )
 
         effective = n_layers + first_less + last_less
-        valid = [k for k in range(1, effective + 1) if effective % k == 0 and (effective // k) % pp == 0]
-        single = issubclass(get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle)
+        valid = [
+            k for k in range(1, effective + 1) if effective % k == 0 and (effective // k) % pp == 0
+        ]
+        single = issubclass(
+            get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle
+        )
         if single:
             valid = [k for k in valid if effective // k == pp]
         if lps not in valid:
@@ -131,7 +152,9 @@ def check_pipeline_config(config, n_layers: int) -> None:
                 f"pipeline_parallel_degree {pp}{' (single-stage schedule ' + par.pipeline_parallel_schedule + ')' if single else ''}"
                 f"; valid values: {valid}"
             )
-    per_rank = _stages_per_rank(par.pipeline_parallel_schedule, lps, n_layers, first_less, last_less, pp)
+    per_rank = _stages_per_rank(
+        par.pipeline_parallel_schedule, lps, n_layers, first_less, last_less, pp
+    )
     stages = pp * per_rank
     effective = n_layers + first_less + last_less
     if stages > effective or effective % stages:
@@ -169,5 +192,7 @@ def _check_explicit_split(parts: list[list[str]], n_layers: int, pp: int) -> Non
         )
     for name, where in (("tok_embeddings", parts[0]), ("output", parts[-1])):
         if name not in where:
-            raise ValueError(f"module_fqns_per_model_part: {name!r} must be in the "
-                             f"{'first' if name == 'tok_embeddings' else 'last'} stage")
+            raise ValueError(
+                f"module_fqns_per_model_part: {name!r} must be in the "
+                f"{'first' if name == 'tok_embeddings' else 'last'} stage"
+            )

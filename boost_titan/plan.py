@@ -42,7 +42,13 @@ class Gemm:
     n: int
 
     def intensity(self, nbytes: int) -> float:
-        return 2 * self.m * self.n * self.k / (nbytes * (self.m * self.k + self.k * self.n + self.m * self.n))
+        return (
+            2
+            * self.m
+            * self.n
+            * self.k
+            / (nbytes * (self.m * self.k + self.k * self.n + self.m * self.n))
+        )
 
 
 @dataclass
@@ -57,19 +63,32 @@ class PlanReport:
     activation_bytes_per_rank: int = 0
 
 
-def block_collectives(args: LlamaArgs, plan: str, tp: int, tokens: int, grouped: bool = True,
-                      norm: str = "online", dtype: str = "float32") -> tuple[list[Collective], list[Collective]]:
+def block_collectives(
+    args: LlamaArgs,
+    plan: str,
+    tp: int,
+    tokens: int,
+    grouped: bool = True,
+    norm: str = "online",
+    dtype: str = "float32",
+) -> tuple[list[Collective], list[Collective]]:
     """One block's collectives in issue order, forward and backward (BTP's fused
     statistics: 1 column in fp32, 2T exact hi/lo columns in 16-bit dtypes)."""
     d, f, kv, q = args.dim, args.ffn_dim, args.kv_dim, args.n_heads * args.head_dim
     t = tokens
     if plan == "fullrank":  # torchtitan's Megatron + sequence parallel
-        fwd = [Collective("all_gather", t * d, "attention_norm -> attention"),
-               Collective("reduce_scatter", t * d, "wo"),
-               Collective("all_gather", t * d, "ffn_norm -> feed_forward"),
-               Collective("reduce_scatter", t * d, "w2")]
-        bwd = [Collective("all_gather", t * d, "w2 grad"), Collective("reduce_scatter", t * d, "feed_forward grad"),
-               Collective("all_gather", t * d, "wo grad"), Collective("reduce_scatter", t * d, "attention grad")]
+        fwd = [
+            Collective("all_gather", t * d, "attention_norm -> attention"),
+            Collective("reduce_scatter", t * d, "wo"),
+            Collective("all_gather", t * d, "ffn_norm -> feed_forward"),
+            Collective("reduce_scatter", t * d, "w2"),
+        ]
+        bwd = [
+            Collective("all_gather", t * d, "w2 grad"),
+            Collective("reduce_scatter", t * d, "feed_forward grad"),
+            Collective("all_gather", t * d, "wo grad"),
+            Collective("reduce_scatter", t * d, "attention grad"),
+        ]
         return fwd, bwd
     shapes = args.projection_shapes()
     r = {n: s[2] for n, s in shapes.items()}
@@ -79,13 +98,24 @@ def block_collectives(args: LlamaArgs, plan: str, tp: int, tokens: int, grouped:
         outs = {"wq": q, "wk": kv, "wv": kv, "wo": d, "w1": f, "w3": f, "w2": d}
         for members in (["wq", "wk", "wv"], ["wo"], ["w1", "w3"], ["w2"]):
             if lax:  # LaX gathers whole latents for its gate and norm
-                fwd += [Collective("all_gather", t * r[n], f"{n} latent for the LaX crossing") for n in members]
+                fwd += [
+                    Collective("all_gather", t * r[n], f"{n} latent for the LaX crossing")
+                    for n in members
+                ]
             fwd += [Collective("all_reduce", t * outs[n], f"{n}.up output") for n in members]
         # backward, in reverse: per A group its input gradient (after the LaX latents' grads)
-        groups = [("w2", f, ["w2"]), ("w1|w3", d, ["w1", "w3"]), ("wo", d, ["wo"]), ("wq|wk|wv", d, ["wq", "wk", "wv"])]
+        groups = [
+            ("w2", f, ["w2"]),
+            ("w1|w3", d, ["w1", "w3"]),
+            ("wo", d, ["wo"]),
+            ("wq|wk|wv", d, ["wq", "wk", "wv"]),
+        ]
         for label, width, members in groups:
             if lax:
-                bwd += [Collective("all_gather", t * r[m], f"{m} latent grad") for m in reversed(members)]
+                bwd += [
+                    Collective("all_gather", t * r[m], f"{m} latent grad")
+                    for m in reversed(members)
+                ]
             bwd.append(Collective("all_reduce", t * width, f"{label}.down input grad"))
         return fwd, bwd
     if plan == "btp":
@@ -93,22 +123,59 @@ def block_collectives(args: LlamaArgs, plan: str, tp: int, tokens: int, grouped:
         sync_f = [Collective("all_reduce", t, "norm statistics")] if norm == "sync" else []
         sync_b = [Collective("all_reduce", t, "norm statistics grad")] if norm == "sync" else []
         if grouped:
-            fwd = sync_f + [Collective("all_reduce", t * (r["wq"] + r["wk"] + r["wv"] + s), "A_q|A_k|A_v (+ stats)"),
-                            Collective("all_reduce", t * r["wo"], "A_o")] + sync_f + [
-                Collective("all_reduce", t * (r["w1"] + r["w3"] + s), "A_gate|A_up (+ stats)"),
-                Collective("all_reduce", t * r["w2"], "A_down")]
-            bwd = [Collective("all_reduce", t * r["w2"], "B_down latent grad"),
-                   Collective("all_reduce", t * (r["w1"] + r["w3"]), "B_gate,B_up latent grad")] + sync_b + [
-                Collective("all_reduce", t * r["wo"], "B_o latent grad"),
-                Collective("all_reduce", t * (r["wq"] + r["wk"] + r["wv"]), "B_q,B_k,B_v latent grad")] + sync_b
+            fwd = (
+                sync_f
+                + [
+                    Collective(
+                        "all_reduce", t * (r["wq"] + r["wk"] + r["wv"] + s), "A_q|A_k|A_v (+ stats)"
+                    ),
+                    Collective("all_reduce", t * r["wo"], "A_o"),
+                ]
+                + sync_f
+                + [
+                    Collective("all_reduce", t * (r["w1"] + r["w3"] + s), "A_gate|A_up (+ stats)"),
+                    Collective("all_reduce", t * r["w2"], "A_down"),
+                ]
+            )
+            bwd = (
+                [
+                    Collective("all_reduce", t * r["w2"], "B_down latent grad"),
+                    Collective("all_reduce", t * (r["w1"] + r["w3"]), "B_gate,B_up latent grad"),
+                ]
+                + sync_b
+                + [
+                    Collective("all_reduce", t * r["wo"], "B_o latent grad"),
+                    Collective(
+                        "all_reduce", t * (r["wq"] + r["wk"] + r["wv"]), "B_q,B_k,B_v latent grad"
+                    ),
+                ]
+                + sync_b
+            )
         else:
-            fwd = sync_f + [Collective("all_reduce", t * (r["wq"] + s), "A_q (+ stats)"),
-                            Collective("all_reduce", t * r["wk"], "A_k"), Collective("all_reduce", t * r["wv"], "A_v"),
-                            Collective("all_reduce", t * r["wo"], "A_o")] + sync_f + [
-                Collective("all_reduce", t * (r["w1"] + s), "A_gate (+ stats)"),
-                Collective("all_reduce", t * r["w3"], "A_up"), Collective("all_reduce", t * r["w2"], "A_down")]
-            bwd = [Collective("all_reduce", t * r[n], f"{n} latent grad") for n in ("w2", "w3", "w1")] + sync_b + [
-                Collective("all_reduce", t * r[n], f"{n} latent grad") for n in ("wo", "wv", "wk", "wq")] + sync_b
+            fwd = (
+                sync_f
+                + [
+                    Collective("all_reduce", t * (r["wq"] + s), "A_q (+ stats)"),
+                    Collective("all_reduce", t * r["wk"], "A_k"),
+                    Collective("all_reduce", t * r["wv"], "A_v"),
+                    Collective("all_reduce", t * r["wo"], "A_o"),
+                ]
+                + sync_f
+                + [
+                    Collective("all_reduce", t * (r["w1"] + s), "A_gate (+ stats)"),
+                    Collective("all_reduce", t * r["w3"], "A_up"),
+                    Collective("all_reduce", t * r["w2"], "A_down"),
+                ]
+            )
+            bwd = (
+                [Collective("all_reduce", t * r[n], f"{n} latent grad") for n in ("w2", "w3", "w1")]
+                + sync_b
+                + [
+                    Collective("all_reduce", t * r[n], f"{n} latent grad")
+                    for n in ("wo", "wv", "wk", "wq")
+                ]
+                + sync_b
+            )
         return fwd, bwd
     raise ValueError(f"unknown plan {plan!r}; valid: {list(PLANS)}")
 
@@ -139,7 +206,9 @@ def _params_per_rank(args: LlamaArgs, plan: str, tp: int) -> int:
         block = sum(r * (i + o) for i, o, r in shapes.values()) // tp
         block += 2 * d // tp if plan == "btp" else 2 * d
         if args.arch == "lax":
-            gate = lambda r: r * r if args.lax_gate == "dense" else sum(x * x for x in kron_factors(r))
+            gate = lambda r: (
+                r * r if args.lax_gate == "dense" else sum(x * x for x in kron_factors(r))
+            )
             block += (sum(gate(r) + 2 * r for _, _, r in shapes.values()) * (L - 1)) // L
     return L * block + 2 * V * d // tp + d
 
@@ -157,12 +226,21 @@ def _activation_elems_per_rank(args: LlamaArgs, plan: str, tp: int, tokens: int)
         # replicated residual/norms/attention/SwiGLU + local latents
         per = t * (2 * d + 2 * d + q + 2 * kv + q + 2 * f + f + rsum // T)
     else:
-        per = t * (2 * d // T + 2 * d // T + (q + 2 * kv) // T + q // T + 2 * f // T + f // T + rsum)
+        per = t * (
+            2 * d // T + 2 * d // T + (q + 2 * kv) // T + q // T + 2 * f // T + f // T + rsum
+        )
     return args.n_layers * per
 
 
-def analyse(args: LlamaArgs, tp: int, batch: int, seq: int, dtype: str = "bfloat16",
-            grouped: bool = True, norm: str = "online") -> dict:
+def analyse(
+    args: LlamaArgs,
+    tp: int,
+    batch: int,
+    seq: int,
+    dtype: str = "bfloat16",
+    grouped: bool = True,
+    norm: str = "online",
+) -> dict:
     from boost_titan.tp_plans import validate_tp_degree
 
     nbytes = DTYPE_BYTES[dtype]
@@ -188,10 +266,23 @@ def analyse(args: LlamaArgs, tp: int, batch: int, seq: int, dtype: str = "bfloat
     def vol(cs):
         return sum(c.volume for c in cs) * nbytes
 
-    out = {"model": {"arch": args.arch, "dim": args.dim, "ffn_dim": args.ffn_dim, "n_layers": args.n_layers,
-                     "n_heads": args.n_heads, "n_kv_heads": args.kv_heads, "rank": args.rank,
-                     "kv_rank": args.effective_kv_rank},
-           "tp": tp, "batch": batch, "seq": seq, "dtype": dtype, "plans": {}}
+    out = {
+        "model": {
+            "arch": args.arch,
+            "dim": args.dim,
+            "ffn_dim": args.ffn_dim,
+            "n_layers": args.n_layers,
+            "n_heads": args.n_heads,
+            "n_kv_heads": args.kv_heads,
+            "rank": args.rank,
+            "kv_rank": args.effective_kv_rank,
+        },
+        "tp": tp,
+        "batch": batch,
+        "seq": seq,
+        "dtype": dtype,
+        "plans": {},
+    }
     for plan, rep in reports.items():
         entry = {"valid": rep.valid, "why_invalid": rep.why_invalid}
         if rep.forward or rep.backward:
@@ -209,10 +300,17 @@ def analyse(args: LlamaArgs, tp: int, batch: int, seq: int, dtype: str = "bfloat
         out["plans"][plan] = entry
     low_rank = [p for p in LOW_RANK_TP_PLANS if out["plans"][p]["valid"]]
     if low_rank:
-        best = min(low_rank, key=lambda p: out["plans"][p]["block_forward_bytes"] + out["plans"][p]["block_backward_bytes"])
+        best = min(
+            low_rank,
+            key=lambda p: (
+                out["plans"][p]["block_forward_bytes"] + out["plans"][p]["block_backward_bytes"]
+            ),
+        )
         out["recommended"] = best
-        out["why"] = (f"least communication among valid low-rank plans "
-                      f"({', '.join(low_rank)}); GEMMs keep full reduction dims")
+        out["why"] = (
+            f"least communication among valid low-rank plans "
+            f"({', '.join(low_rank)}); GEMMs keep full reduction dims"
+        )
     else:
         out["recommended"] = "fullrank" if out["plans"]["fullrank"]["valid"] else None
         out["why"] = "no low-rank plan applies" if args.low_rank else "dense model"
@@ -222,10 +320,12 @@ def analyse(args: LlamaArgs, tp: int, batch: int, seq: int, dtype: str = "bfloat
 def format_report(rep: dict) -> str:
     mib = 2**20
     m = rep["model"]
-    lines = [f"{m['arch']} d={m['dim']} f={m['ffn_dim']} L={m['n_layers']} h={m['n_heads']} "
-             f"kv={m['n_kv_heads']} r={m['rank']}  TP={rep['tp']} b={rep['batch']} s={rep['seq']} {rep['dtype']}",
-             f"{'plan':9s} {'fwd/block':>12s} {'bwd/block':>12s} {'fwd/stack':>12s} {'colls f/b':>10s} "
-             f"{'params/rank':>13s} {'act/rank':>10s} {'min AI':>7s} {'mean AI':>8s}"]
+    lines = [
+        f"{m['arch']} d={m['dim']} f={m['ffn_dim']} L={m['n_layers']} h={m['n_heads']} "
+        f"kv={m['n_kv_heads']} r={m['rank']}  TP={rep['tp']} b={rep['batch']} s={rep['seq']} {rep['dtype']}",
+        f"{'plan':9s} {'fwd/block':>12s} {'bwd/block':>12s} {'fwd/stack':>12s} {'colls f/b':>10s} "
+        f"{'params/rank':>13s} {'act/rank':>10s} {'min AI':>7s} {'mean AI':>8s}",
+    ]
     for plan, e in rep["plans"].items():
         if "block_forward" not in e:
             lines.append(f"{plan:9s} n/a ({e['why_invalid']})")
@@ -236,7 +336,8 @@ def format_report(rep: dict) -> str:
             f"{plan:9s} {e['block_forward_bytes'] / mib:9.1f}MiB {e['block_backward_bytes'] / mib:9.1f}MiB "
             f"{e['step_forward_bytes'] / mib:9.0f}MiB {len(e['block_forward']):4d}/{len(e['block_backward']):<5d}"
             f"{e['params_per_rank'] / 1e6:11.1f}M {e['activation_bytes_per_rank'] / 2**30:8.2f}GiB "
-            f"{min(ai):7.0f} {sum(ai) / len(ai):8.0f}{flag}")
+            f"{min(ai):7.0f} {sum(ai) / len(ai):8.0f}{flag}"
+        )
     lines.append(f"recommended: {rep['recommended']} ({rep['why']})")
     return "\n".join(lines)
 
@@ -244,7 +345,9 @@ def format_report(rep: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="cola_llama2", choices=sorted(MODEL_ARCH))
     p.add_argument("--flavor", default="7b")
     p.add_argument("--tp", type=int, default=4)

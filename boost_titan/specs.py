@@ -1,9 +1,9 @@
 """Register boost_titan's train specs (and datasets) with torchtitan.
 
-    llama2       dense LLaMA-2 baseline (full-rank TP)
-    svd_llama2   B (A x)
-    cola_llama2  B silu(A x)
-    lax_llama2   CoLA with latent crossing between blocks
+llama2       dense LLaMA-2 baseline (full-rank TP)
+svd_llama2   B (A x)
+cola_llama2  B silu(A x)
+lax_llama2   CoLA with latent crossing between blocks
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
 
 from boost_titan import cpu_runtime, datasets
-from boost_titan.pipeline import build_loss_fn
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.parallelize import parallelize_boost
-
+from boost_titan.pipeline import build_loss_fn
 
 
 class FlavorTable(dict):

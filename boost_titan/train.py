@@ -45,8 +45,9 @@ class BoostTrainer(Trainer):
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None
         boost = job_config.boost
-        self.guard = fault.StepGuard(self, boost.nan_policy, boost.nan_max_consecutive_skips,
-                                     self.preemption)
+        self.guard = fault.StepGuard(
+            self, boost.nan_policy, boost.nan_max_consecutive_skips, self.preemption
+        )
 
     def train(self):
         if self.checkpointer.enable and torch.distributed.get_rank() == 0:
@@ -101,9 +102,12 @@ class BoostTrainer(Trainer):
             return super().forward_backward_step(
                 input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
             )
-        inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
-        return pipeline_forward_backward(self, inputs, labels, extra_inputs, extra_kwargs,
-                                         global_valid_tokens)
+        inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(
+            input_dict, labels
+        )
+        return pipeline_forward_backward(
+            self, inputs, labels, extra_inputs, extra_kwargs, global_valid_tokens
+        )
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         if self._comm_logged or not self.job_config.boost.log_comm:

@@ -27,9 +27,20 @@ STEPS = 3
 def _job_config(plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac: str = "none"):
     from boost_titan.train import parse_config
 
-    argv = ["--activation_checkpoint.mode", ac, "--boost.tp_plan", plan, "--boost.latent_checkpoint", latent_checkpoint,
-            "--boost.latent_checkpoint_keep", keep, "--training.seq_len", "32",
-            "--parallelism.tensor_parallel_degree", str(TP)]
+    argv = [
+        "--activation_checkpoint.mode",
+        ac,
+        "--boost.tp_plan",
+        plan,
+        "--boost.latent_checkpoint",
+        latent_checkpoint,
+        "--boost.latent_checkpoint_keep",
+        keep,
+        "--training.seq_len",
+        "32",
+        "--parallelism.tensor_parallel_degree",
+        str(TP),
+    ]
     if compiled:
         argv.append("--compile.enable")
     return parse_config(argv)
@@ -80,19 +91,37 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
         sys.path.insert(0, os.path.dirname(__file__))
         from tp_sim import small_args
 
-        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=TP, pp=1, ep=1, etp=1, world_size=TP)
+        dims = ParallelDims(
+            dp_replicate=1, dp_shard=1, cp=1, tp=TP, pp=1, ep=1, etp=1, world_size=TP
+        )
         dims.build_mesh()
         results = []
         for plan, arch, flavor, latent_checkpoint, keep, ac in cases:
             args = small_args(flavors_for(arch)[flavor])
             g = torch.Generator().manual_seed(1)
-            batches = [tuple(torch.randint(0, args.vocab_size, (2, 32), generator=g) for _ in range(2))
-                       for _ in range(STEPS)]
-            row = {"plan": plan, "arch": arch, "flavor": flavor, "latent_checkpoint": latent_checkpoint,
-                   "keep": keep, "ac": ac}
+            batches = [
+                tuple(torch.randint(0, args.vocab_size, (2, 32), generator=g) for _ in range(2))
+                for _ in range(STEPS)
+            ]
+            row = {
+                "plan": plan,
+                "arch": arch,
+                "flavor": flavor,
+                "latent_checkpoint": latent_checkpoint,
+                "keep": keep,
+                "ac": ac,
+            }
             for mode in ("eager", "compiled"):
-                losses, norms, secs = _run(dims, copy.deepcopy(args), plan, latent_checkpoint, keep,
-                                           ac, mode == "compiled", batches)
+                losses, norms, secs = _run(
+                    dims,
+                    copy.deepcopy(args),
+                    plan,
+                    latent_checkpoint,
+                    keep,
+                    ac,
+                    mode == "compiled",
+                    batches,
+                )
                 row[mode] = {"loss": losses, "grad_norm": norms, "seconds": secs}
             results.append(row)
             torch._dynamo.reset()
@@ -109,7 +138,12 @@ def run_cases(cases: list, workdir: str, cache_dir: str | None = None) -> list[d
     os.makedirs(workdir, exist_ok=True)
     out_file = os.path.join(workdir, "results.json")
     cache_dir = cache_dir or os.path.join(workdir, "inductor")
-    mp.spawn(_worker, args=(os.path.join(workdir, "init"), cases, out_file, cache_dir), nprocs=TP, join=True)
+    mp.spawn(
+        _worker,
+        args=(os.path.join(workdir, "init"), cases, out_file, cache_dir),
+        nprocs=TP,
+        join=True,
+    )
     with open(out_file) as f:
         return json.load(f)
 

@@ -79,8 +79,14 @@ CLI_VALUES: dict[tuple[str, str], list[str]] = {
     ("parallelism", "context_parallel_degree"): ["1", "2", "0"],
     ("parallelism", "expert_parallel_degree"): ["1", "2", "0"],
     ("parallelism", "pipeline_parallel_microbatch_size"): ["1", "2", "3", "0", "-1", "8"],
-    ("parallelism", "pipeline_parallel_schedule"): ["1F1B", "GPipe", "Interleaved1F1B", "gpipe", "Bogus",
-                                                    "PipelineScheduleSingle"],
+    ("parallelism", "pipeline_parallel_schedule"): [
+        "1F1B",
+        "GPipe",
+        "Interleaved1F1B",
+        "gpipe",
+        "Bogus",
+        "PipelineScheduleSingle",
+    ],
     ("parallelism", "pipeline_parallel_layers_per_stage"): ["1", "2", "3", "4", "6", "0", "-1"],
     ("parallelism", "pipeline_parallel_first_stage_less_layers"): ["0", "1", "2", "-1", "7"],
     ("parallelism", "pipeline_parallel_last_stage_less_layers"): ["0", "1", "2", "-1"],
@@ -92,7 +98,13 @@ CLI_VALUES: dict[tuple[str, str], list[str]] = {
     ("training", "seq_len"): ["256", "64", "32", "1", "3", "30", "0", "-256", "abc", "2.5"],
     ("training", "steps"): ["1", "0", "-1", "5", "x"],
     ("training", "max_norm"): ["1.0", "0", "-1", "nan", "inf"],
-    ("training", "dataset"): ["boost_corpus", "c4", "no_such_set", "local_text", "boost_corpus_val"],
+    ("training", "dataset"): [
+        "boost_corpus",
+        "c4",
+        "no_such_set",
+        "local_text",
+        "boost_corpus_val",
+    ],
     ("training", "dataset_path"): ["/nonexistent/data", "./data/boost_corpus/train"],
     ("training", "mixed_precision_param"): ["float32", "bfloat16", "float16"],
     ("training", "dtype"): ["float32", "bfloat16", "int8"],
@@ -100,7 +112,11 @@ CLI_VALUES: dict[tuple[str, str], list[str]] = {
     ("training", "dataloader.num_workers"): ["0", "-1"],
     ("model", "name"): ["llama2", "cola_llama2", "lax_llama2", "svd_llama2", "gpt2", ""],
     ("model", "flavor"): ["debugmodel", "debugmodel_gqa", "9b", "DebugModel"],
-    ("model", "hf_assets_path"): ["/nonexistent/tokenizer", "./data/boost_corpus", "./train_configs"],
+    ("model", "hf_assets_path"): [
+        "/nonexistent/tokenizer",
+        "./data/boost_corpus",
+        "./train_configs",
+    ],
     ("optimizer", "name"): ["AdamW", "Adam", "SGD"],
     ("optimizer", "lr"): ["0", "1e-3", "-1e-3", "nan"],
     ("optimizer", "beta1"): ["0.9", "1.5", "-0.1"],
@@ -140,9 +156,19 @@ TOML_VALUES: dict[tuple[str, str], list] = {
 }
 
 # odd files: kind -> description
-SPECIALS = ("missing_config", "config_is_folder", "bad_toml", "tokenizer_without_json", "missing_tokenizer",
-            "unknown_toml_key", "unknown_toml_section", "missing_corpus", "local_text_without_path",
-            "world_size_mismatch", "world_size_garbage")
+SPECIALS = (
+    "missing_config",
+    "config_is_folder",
+    "bad_toml",
+    "tokenizer_without_json",
+    "missing_tokenizer",
+    "unknown_toml_key",
+    "unknown_toml_section",
+    "missing_corpus",
+    "local_text_without_path",
+    "world_size_mismatch",
+    "world_size_garbage",
+)
 
 
 @dataclass
@@ -175,7 +201,10 @@ def generate(seed: int, n: int) -> list[Case]:
             changes = [[s, k, rng.choice(CLI_VALUES[(s, k)])] for s, k in picks]
             case = Case(base, ws, "cli", changes)
             # a degree change usually comes with the launch it needs
-            if any(s == "parallelism" and k.endswith("degree") for s, k, _ in changes) and rng.random() < 0.6:
+            if (
+                any(s == "parallelism" and k.endswith("degree") for s, k, _ in changes)
+                and rng.random() < 0.6
+            ):
                 case.world_size = rng.choice((1, 2, 4, 8))
         elif r < 0.9:
             s, k = rng.choice(toml_keys)
@@ -191,7 +220,9 @@ def special_case(kind: str, base: str, ws: int) -> Case:
         "missing_config": [["job", "config_file", "train_configs/no_such.toml"]],
         "config_is_folder": [["job", "config_file", "train_configs"]],
         "bad_toml": [["job", "config_file", "<broken TOML>"]],
-        "tokenizer_without_json": [["model", "hf_assets_path", "<folder with tokenizer_config.json only>"]],
+        "tokenizer_without_json": [
+            ["model", "hf_assets_path", "<folder with tokenizer_config.json only>"]
+        ],
         "missing_tokenizer": [["model", "hf_assets_path", "/nonexistent/tok"]],
         "unknown_toml_key": [["training", "no_such_key", 1]],
         "unknown_toml_section": [["no_such_section", "x", 1]],
@@ -277,7 +308,9 @@ class Outcome:
 
 
 def _names_key(text: str, case: Case) -> bool:
-    if case.mode in ("world_size_mismatch", "world_size_garbage") or case.world_size != BASES.get(case.base, case.world_size):
+    if case.mode in ("world_size_mismatch", "world_size_garbage") or case.world_size != BASES.get(
+        case.base, case.world_size
+    ):
         if "WORLD_SIZE" in text:
             return True
     for key in case.keys():
@@ -305,17 +338,28 @@ def classify_error(case: Case, exc: BaseException, captured: str) -> Outcome:
     if isinstance(exc, SystemExit):
         text = captured
         ok = exc.code not in (0, None) and _names_key(text, case)
-        detail = f"SystemExit({exc.code}) " + " ".join(
-            ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("│ ")
-        )[-300:]
+        detail = (
+            f"SystemExit({exc.code}) "
+            + " ".join(
+                ln.strip()
+                for ln in text.splitlines()
+                if ln.strip() and not ln.strip().startswith("│ ")
+            )[-300:]
+        )
         return Outcome(case, "clean" if ok else "bug", detail)
     msg = f"{type(exc).__name__}: {exc}"
     deep = _deep_frame(exc.__traceback__)
     if isinstance(exc, (ValueError, FileNotFoundError)) and _names_key(str(exc), case) and not deep:
         return Outcome(case, "clean", msg[:1000])
-    why = f"raised in {deep}" if deep else ("message does not name the key"
-                                             if isinstance(exc, (ValueError, FileNotFoundError)) else
-                                             "unexpected exception type")
+    why = (
+        f"raised in {deep}"
+        if deep
+        else (
+            "message does not name the key"
+            if isinstance(exc, (ValueError, FileNotFoundError))
+            else "unexpected exception type"
+        )
+    )
     return Outcome(case, "bug", f"{why}: {msg[:400]}")
 
 
@@ -332,17 +376,25 @@ def early_stages(config, world_size: int) -> None:
     from torchtitan.protocols import train_spec as ts
 
     p = config.parallelism
-    dims = ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
-                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
-                        pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
-                        etp=p.expert_tensor_parallel_degree, world_size=world_size)
+    dims = ParallelDims(
+        dp_shard=p.data_parallel_shard_degree,
+        dp_replicate=p.data_parallel_replicate_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
+        world_size=world_size,
+    )
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
         dims.build_mesh()
         batch_degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
         spec = ts.get_train_spec(config.model.name)
         tokenizer = spec.build_tokenizer_fn(config)
-        spec.build_dataloader_fn(dp_world_size=batch_degree, dp_rank=0, tokenizer=tokenizer, job_config=config)
+        spec.build_dataloader_fn(
+            dp_world_size=batch_degree, dp_rank=0, tokenizer=tokenizer, job_config=config
+        )
         model_args = copy.deepcopy(spec.model_args[config.model.flavor])
         model_args.update_from_config(config)
         with torch.device("meta"):
@@ -353,7 +405,9 @@ def early_stages(config, world_size: int) -> None:
         gbs = t.global_batch_size if t.global_batch_size >= 0 else t.local_batch_size * batch_degree
         assert gbs > 0 and gbs % (t.local_batch_size * batch_degree) == 0, "global batch size"
         if dims.pp_enabled:
-            spec.pipelining_fn(model, dims, config, torch.device("cpu"), model_args, spec.parallelize_fn, loss_fn)
+            spec.pipelining_fn(
+                model, dims, config, torch.device("cpu"), model_args, spec.parallelize_fn, loss_fn
+            )
         else:
             spec.parallelize_fn(model, dims, config)
         optimizers = build_optimizers([nn.Linear(2, 2)], config.optimizer, dims)
@@ -361,12 +415,15 @@ def early_stages(config, world_size: int) -> None:
         for _ in range(min(t.steps, 2000)):  # the LR factor of every training step
             schedulers.step()
             lr = schedulers.schedulers[0].get_last_lr()[0]
-            assert lr >= 0, f"negative learning rate {lr} at step {schedulers.schedulers[0].last_epoch}"
+            assert lr >= 0, (
+                f"negative learning rate {lr} at step {schedulers.schedulers[0].last_epoch}"
+            )
         if config.validation.enable:
             from torchtitan.hf_datasets.text_datasets import build_text_validation_dataloader
 
-            build_text_validation_dataloader(dp_world_size=batch_degree, dp_rank=0, tokenizer=tokenizer,
-                                             job_config=config)
+            build_text_validation_dataloader(
+                dp_world_size=batch_degree, dp_rank=0, tokenizer=tokenizer, job_config=config
+            )
     finally:
         dist.destroy_process_group()
 
@@ -394,8 +451,12 @@ def run_case(case: Case, tmp: Path, deep: bool = True) -> Outcome:
         except Exception as e:  # noqa: BLE001
             frames = traceback.extract_tb(e.__traceback__)
             where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-            return Outcome(case, "bug", f"accepted at parse time, trainer construction failed at "
-                                        f"{where}: {type(e).__name__}: {str(e)[:300]}")
+            return Outcome(
+                case,
+                "bug",
+                f"accepted at parse time, trainer construction failed at "
+                f"{where}: {type(e).__name__}: {str(e)[:300]}",
+            )
         return Outcome(case, "accepted", "parsed; trainer's early stages built")
     finally:
         for k, v in saved.items():
@@ -430,13 +491,29 @@ def run_for_real(case: Case, tmp: Path, timeout: int = 600) -> tuple[bool, str]:
     """A 1-step run of an accepted case through run_train.sh (NGPU = its WORLD_SIZE)."""
     argv, _ = build_argv(case, tmp)
     config_file = argv[1]
-    rest = argv[2:] + ["--training.steps", "1", "--validation.no-enable", "--checkpoint.no-enable",
-                       "--metrics.no-enable-tensorboard"]
-    env = dict(os.environ, NGPU=str(case.world_size), CONFIG_FILE=config_file,
-               PYTHON=sys.executable, LOG_RANK=",".join(map(str, range(case.world_size))))
+    rest = argv[2:] + [
+        "--training.steps",
+        "1",
+        "--validation.no-enable",
+        "--checkpoint.no-enable",
+        "--metrics.no-enable-tensorboard",
+    ]
+    env = dict(
+        os.environ,
+        NGPU=str(case.world_size),
+        CONFIG_FILE=config_file,
+        PYTHON=sys.executable,
+        LOG_RANK=",".join(map(str, range(case.world_size))),
+    )
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([str(REPO / "run_train.sh"), *rest], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(REPO / "run_train.sh"), *rest],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     out = proc.stdout + proc.stderr
     return proc.returncode == 0 and re.search(r"step:\s*1\s+loss", out) is not None, out
 
@@ -449,12 +526,21 @@ def summarize(outcomes: list[Outcome]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.config_fuzz", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.config_fuzz", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cases", type=int, default=100)
-    ap.add_argument("--no-deep", action="store_true", help="parse only (skip the trainer's early stages)")
-    ap.add_argument("--run", type=int, default=0, metavar="K",
-                    help="also run K accepted cases for real (1 step through run_train.sh)")
+    ap.add_argument(
+        "--no-deep", action="store_true", help="parse only (skip the trainer's early stages)"
+    )
+    ap.add_argument(
+        "--run",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also run K accepted cases for real (1 step through run_train.sh)",
+    )
     ap.add_argument("--json", help="write the outcomes here")
     args = ap.parse_args(argv)
     cases = generate(args.seed, args.cases)
@@ -472,8 +558,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(out[-3000:])
     print(json.dumps(stats))
     if args.json:
-        Path(args.json).write_text(json.dumps([{**asdict(o.case), "category": o.category, "detail": o.detail}
-                                               for o in outcomes], indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                [{**asdict(o.case), "category": o.category, "detail": o.detail} for o in outcomes],
+                indent=1,
+            )
+        )
     return 1 if stats["bug"] else 0
 
 

@@ -38,7 +38,9 @@ class TrainRun:
         return [self.loss[rank][s] for s in sorted(self.loss[rank])]
 
     def tb_event_files(self) -> list[str]:
-        return glob.glob(str(self.dump_folder / "tb" / "**" / "events.out.tfevents.*"), recursive=True)
+        return glob.glob(
+            str(self.dump_folder / "tb" / "**" / "events.out.tfevents.*"), recursive=True
+        )
 
 
 def run_training(
@@ -58,7 +60,8 @@ def run_training(
     )
     cmd = [
         str(REPO_ROOT / "run_train.sh"),
-        "--job.dump_folder", str(dump_folder),
+        "--job.dump_folder",
+        str(dump_folder),
         "--metrics.disable_color_printing",
         *overrides,
     ]

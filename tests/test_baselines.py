@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tp_sim import lm_loss, max_rel_err, plan_fn, reference_model, run_parallel, small_args
 
 from boost_titan.comm_stats import CommCounter
 from boost_titan.models.flavors import flavors_for
 
-from tp_sim import lm_loss, max_rel_err, plan_fn, reference_model, run_parallel, small_args
-
 
 def _data(args, b, s):
     g = torch.Generator().manual_seed(3)
-    return (torch.randint(0, args.vocab_size, (b, s), generator=g),
-            torch.randint(0, args.vocab_size, (b, s), generator=g))
+    return (
+        torch.randint(0, args.vocab_size, (b, s), generator=g),
+        torch.randint(0, args.vocab_size, (b, s), generator=g),
+    )
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,9 @@ def test_vanilla_collectives_match_closed_form(flavor, tp, b, s):
     args = small_args(flavors_for("cola")[flavor], max_seq_len=s)
     ref = reference_model(args)
     tokens, labels = _data(args, b, s)
-    _, _, counter = run_parallel(ref, tp, plan_fn("vanilla"), tokens, labels, counter_cls=CommCounter)
+    _, _, counter = run_parallel(
+        ref, tp, plan_fn("vanilla"), tokens, labels, counter_cls=CommCounter
+    )
     d, f, kv, tok = args.dim, args.ffn_dim, args.kv_dim, b * s
     # forward: an all-reduce of [b, s, out] after every B (q, k, v, o, gate, up, down)
     fwd = [tok * o for o in (d, kv, kv, d, f, f, d)]

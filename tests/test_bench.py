@@ -16,7 +16,9 @@ def test_bench_smoke_writes_all_outputs(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "boost_titan.bench", "--smoke", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("results.json", "results.md", "step_time.png", "comm_share.png"):
@@ -38,9 +40,21 @@ def test_bench_smoke_writes_all_outputs(tmp_path):
 
 def test_gemm_mode(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "boost_titan.bench", "--gemm", "--m-scale", "0.002", "--dtype", "float32",
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "boost_titan.bench",
+            "--gemm",
+            "--m-scale",
+            "0.002",
+            "--dtype",
+            "float32",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "gemm.json").read_text())
@@ -54,8 +68,19 @@ def test_gemm_mode(tmp_path):
 def test_bench_checkpointing_variants(tmp_path):
     out = tmp_path / "bench_ac"
     proc = subprocess.run(
-        [sys.executable, "-m", "boost_titan.bench", "--smoke", "--variants", "ac", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "boost_titan.bench",
+            "--smoke",
+            "--variants",
+            "ac",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
@@ -68,20 +93,44 @@ def test_bench_checkpointing_variants(tmp_path):
     assert v["btp latent-ckpt"]["bytes_per_step"] == v["btp"]["bytes_per_step"]
     assert v["btp full-ac"]["collectives_per_step"] > v["btp"]["collectives_per_step"]
     assert v["vanilla full-ac"]["bytes_per_step"] > v["vanilla"]["bytes_per_step"]
-    assert set(summary["checkpoint_efficiency"]) == {"btp latent-ckpt", "btp latent-ckpt recompute-attn",
-                                                     "btp full-ac", "vanilla full-ac"}
+    assert set(summary["checkpoint_efficiency"]) == {
+        "btp latent-ckpt",
+        "btp latent-ckpt recompute-attn",
+        "btp full-ac",
+        "vanilla full-ac",
+    }
     # keeping the attention outputs costs exactly them: per block the output
     # [b, s, d/T] and the log-sum-exp [b, h/T, s], fp32 (smoke: b 2, s 64, d 128, h 8, T 2)
-    kept = (v["btp latent-ckpt"]["saved_activation_mib"]
-            - v["btp latent-ckpt recompute-attn"]["saved_activation_mib"]) * 2**20
+    kept = (
+        v["btp latent-ckpt"]["saved_activation_mib"]
+        - v["btp latent-ckpt recompute-attn"]["saved_activation_mib"]
+    ) * 2**20
     assert kept == 2 * (2 * 64 * 64 + 2 * 4 * 64) * 4
 
 
 def test_gemm_mode_honours_tp_batch_seq(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "boost_titan.bench", "--gemm", "--tp", "2", "--batch", "1", "--seq", "64",
-         "--dtype", "float32", "--gemm-seconds", "0.01", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "boost_titan.bench",
+            "--gemm",
+            "--tp",
+            "2",
+            "--batch",
+            "1",
+            "--seq",
+            "64",
+            "--dtype",
+            "float32",
+            "--gemm-seconds",
+            "0.01",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "gemm.json").read_text())
@@ -91,12 +140,15 @@ def test_gemm_mode_honours_tp_batch_seq(tmp_path):
     assert (wq["m"], wq["k"], wq["n"]) == (64, 4096, 2048)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gemm", "--dim", "512"], "--dim 512 only apply to the training benchmark"),
-    (["--gemm", "--compile"], "--compile applies to the training benchmark"),
-    (["--compile", "--warmup", "0"], "--compile needs --warmup >= 1"),
-    (["--tp", "0"], "--tp must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gemm", "--dim", "512"], "--dim 512 only apply to the training benchmark"),
+        (["--gemm", "--compile"], "--compile applies to the training benchmark"),
+        (["--compile", "--warmup", "0"], "--compile needs --warmup >= 1"),
+        (["--tp", "0"], "--tp must be >= 1, got 0"),
+    ],
+)
 def test_bench_refuses_flags_it_would_ignore(tmp_path, capsys, argv, message):
     from boost_titan.bench import cli
 
@@ -119,17 +171,31 @@ def test_bench_tp_needs_that_many_gpus(tmp_path, capsys, monkeypatch):
 
 
 def _raw(step: float, loss: float) -> dict:
-    return {"step_times": [step, step], "rep_times": [step], "comm_times": [0.1 * step],
-            "instrumented_step_times": [step], "bytes_per_step": 100, "collectives_per_step": 3,
-            "peak_step_mem_bytes": 2**20, "saved_activation_bytes": 2**20, "param_bytes_per_rank": 2**20,
-            "warmup_times": [10 * step], "first_step_loss": loss, "graphs_compiled_in_timed_steps": 0}
+    return {
+        "step_times": [step, step],
+        "rep_times": [step],
+        "comm_times": [0.1 * step],
+        "instrumented_step_times": [step],
+        "bytes_per_step": 100,
+        "collectives_per_step": 3,
+        "peak_step_mem_bytes": 2**20,
+        "saved_activation_bytes": 2**20,
+        "param_bytes_per_rank": 2**20,
+        "warmup_times": [10 * step],
+        "first_step_loss": loss,
+        "graphs_compiled_in_timed_steps": 0,
+    }
 
 
 def test_summary_puts_compiled_beside_eager():
     from boost_titan.bench import report, stats, variants
 
-    raw = {"btp": _raw(0.2, 6.0), "btp [compiled]": _raw(0.1, 6.0),
-           "vanilla": _raw(0.4, 6.1), "vanilla [compiled]": _raw(0.25, 6.1 * (1 + 3e-4))}
+    raw = {
+        "btp": _raw(0.2, 6.0),
+        "btp [compiled]": _raw(0.1, 6.0),
+        "vanilla": _raw(0.4, 6.1),
+        "vanilla [compiled]": _raw(0.25, 6.1 * (1 + 3e-4)),
+    }
     summary = stats.summarise(raw, variants.SMOKE, 2, "CPU", "inductor")
     comp = summary["compile"]["variants"]
     assert comp["btp"]["compiled_vs_eager_tokens_per_s"] == pytest.approx(2.0)
@@ -148,7 +214,9 @@ def test_summary_puts_compiled_beside_eager():
 def test_eager_summary_has_no_compile_section():
     from boost_titan.bench import stats, variants
 
-    summary = stats.summarise({"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, variants.SMOKE, 2, "CPU")
+    summary = stats.summarise(
+        {"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, variants.SMOKE, 2, "CPU"
+    )
     assert "compile" not in summary
     assert set(summary["ratios"]) == {"btp_vs_vanilla_tokens_per_s", "vanilla_vs_btp_bytes"}
 
@@ -167,9 +235,20 @@ def test_compile_twins_skip_what_the_trainer_refuses():
 def test_bench_compile_smoke(tmp_path):
     out = tmp_path / "bench_c"
     proc = subprocess.run(
-        [sys.executable, "-m", "boost_titan.bench", "--smoke", "--compile", "--variants", "btp,vanilla",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "boost_titan.bench",
+            "--smoke",
+            "--compile",
+            "--variants",
+            "btp,vanilla",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
@@ -182,8 +261,12 @@ def test_bench_compile_smoke(tmp_path):
         # the compiled graphs issue exactly the eager step's collectives (profiler-counted)
         compiled = v[f"{name} [compiled]"]
         assert (compiled["collectives_per_step"], compiled["bytes_per_step"]) == (
-            v[name]["collectives_per_step"], v[name]["bytes_per_step"])
-    assert {"btp_vs_vanilla_tokens_per_s_compiled", "btp_compiled_vs_eager_tokens_per_s"} <= set(summary["ratios"])
+            v[name]["collectives_per_step"],
+            v[name]["bytes_per_step"],
+        )
+    assert {"btp_vs_vanilla_tokens_per_s_compiled", "btp_compiled_vs_eager_tokens_per_s"} <= set(
+        summary["ratios"]
+    )
     assert "| btp [compiled] |" in (out / "results.md").read_text()
 
 
@@ -193,8 +276,13 @@ def test_gpu_check_smoke(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
     out = tmp_path / "gpu_check"
-    proc = subprocess.run(["bash", str(script), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1200, env={**os.environ, "PYTHON": sys.executable})
+    proc = subprocess.run(
+        ["bash", str(script), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| cola compiled |" in proc.stdout  # the markdown summary
     res = json.loads((out / "gpu_check.json").read_text())
@@ -202,7 +290,12 @@ def test_gpu_check_smoke(tmp_path):
     for section in ("numerics", "tp2"):
         assert res[section]["archs"], section
         for arch, r in res[section]["archs"].items():
-            assert "error" not in r and r["ok"] and r["loss_max_rel_diff"] < 1e-4 and r["grad_max_rel_diff"] < 1e-3, (section, arch, r)
+            assert (
+                "error" not in r
+                and r["ok"]
+                and r["loss_max_rel_diff"] < 1e-4
+                and r["grad_max_rel_diff"] < 1e-3
+            ), (section, arch, r)
             assert len(r["eager_loss"]) == len(r["compiled_loss"]) == 2
     assert set(res["numerics"]["archs"]) == {"dense", "svd", "cola", "lax"}
     assert res["tp2"]["ran"] and res["tp2"]["archs"]["cola"]["plan"] == "btp"

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
-import torch.nn.functional as F
+from tp_sim import fake_world, lm_loss, max_rel_err, reference_model, run_parallel, small_args
 
 from boost_titan.comm_stats import CommCounter
-from boost_titan.models.bottleneck import SINGLE_DEVICE, Bottleneck, down_finish, down_partial, down_reduce
+from boost_titan.models.bottleneck import (
+    SINGLE_DEVICE,
+    Bottleneck,
+    down_finish,
+    down_partial,
+    down_reduce,
+)
 from boost_titan.models.flavors import flavors_for
 from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan, validate_tp_degree
 from boost_titan.tp_plans.btp import apply_btp
-
-from tp_sim import fake_world, lm_loss, max_rel_err, reference_model, run_parallel, small_args
 
 GRAD_TOL = 2e-5
 
@@ -67,7 +69,9 @@ def _expected_block(args, b, s, grouped, norm):
     # backward runs the block in reverse: B_down, B_gate/B_up, (ffn stats), B_o,
     # B_q/B_k/B_v, (attention stats)
     if grouped:
-        fwd = sync + [tok * (r + 2 * rkv + stats), tok * r] + sync + [tok * (2 * r + stats), tok * r]
+        fwd = (
+            sync + [tok * (r + 2 * rkv + stats), tok * r] + sync + [tok * (2 * r + stats), tok * r]
+        )
         bwd = [tok * r, tok * 2 * r] + sync + [tok * r, tok * (r + 2 * rkv)] + sync
     else:
         fwd = sync + [tok * (r + stats), tok * rkv, tok * rkv, tok * r]
@@ -104,11 +108,18 @@ def test_btp_collectives_match_closed_form(arch, flavor, tp, b, s, grouped, norm
     # outside the stack: the final norm's all-gather of [b, s, d] and the replicated
     # LM head's gather of the logits (loss_parallel=False) forward; in backward the LM
     # head input's all-reduce. Nothing else.
-    outside_f = [r for r in counter.records if r.phase == "forward" and ".layers." not in r.module + "."]
+    outside_f = [
+        r for r in counter.records if r.phase == "forward" and ".layers." not in r.module + "."
+    ]
     assert sorted((r.op, r.numel) for r in outside_f) == sorted(
-        [("all_gather_into_tensor", b * s * args.dim), ("all_gather_into_tensor", b * s * args.vocab_size)]
+        [
+            ("all_gather_into_tensor", b * s * args.dim),
+            ("all_gather_into_tensor", b * s * args.vocab_size),
+        ]
     )
-    outside_b = [r for r in counter.records if r.phase == "backward" and ".layers." not in r.module + "."]
+    outside_b = [
+        r for r in counter.records if r.phase == "backward" and ".layers." not in r.module + "."
+    ]
     assert [(r.op, r.numel) for r in outside_b] == [("all_reduce", b * s * args.dim)]
 
 
@@ -166,9 +177,9 @@ def test_online_rmsnorm_statistics_keep_fp32_accuracy_in_a_bf16_latent(tp):
     float64 RMSNorm scale to ~1e-5, where one bf16 column (summed in bf16) is off by
     ~1e-3; the latent columns are the plain bf16 sum; the statistics' gradient is 1."""
     from torch.distributed._local_tensor import LocalTensorMode
+    from tp_sim import plain
 
     from boost_titan.tp_plans.btp import BTPComm
-    from tp_sim import plain
 
     b, s, r, d = 2, 64, 8, 32 * tp
     g = torch.Generator().manual_seed(0)
@@ -177,7 +188,9 @@ def test_online_rmsnorm_statistics_keep_fp32_accuracy_in_a_bf16_latent(tp):
     latents = [torch.randn(b, s, r, generator=g).bfloat16() for _ in range(tp)]
     ref_scale = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
     with fake_world(tp) as mesh, LocalTensorMode(tp) as lm:
-        stats = lm.rank_map(lambda rank: shards[rank].float().pow(2).sum(-1, keepdim=True)).requires_grad_()
+        stats = lm.rank_map(
+            lambda rank: shards[rank].float().pow(2).sum(-1, keepdim=True)
+        ).requires_grad_()
         latent = lm.rank_map(lambda rank: latents[rank])
         reduced_latent, total = BTPComm(mesh).reduce_down(latent, stats)
         total.sum().backward()
@@ -194,7 +207,9 @@ def test_online_rmsnorm_statistics_keep_fp32_accuracy_in_a_bf16_latent(tp):
     naive = shards[0].float().pow(2).sum(-1, keepdim=True).bfloat16()
     for shard in shards[1:]:
         naive = naive + shard.float().pow(2).sum(-1, keepdim=True).bfloat16()
-    naive_err = ((torch.rsqrt(naive.double() / d + 1e-6) - ref_scale).abs() / ref_scale).max().item()
+    naive_err = (
+        ((torch.rsqrt(naive.double() / d + 1e-6) - ref_scale).abs() / ref_scale).max().item()
+    )
     assert naive_err > 1e-3, naive_err
 
 
@@ -210,12 +225,20 @@ def test_btp_rejects_dense_model_and_fullrank_rejects_low_rank():
 
 @pytest.mark.parametrize(
     "field,value,tp",
-    [("n_heads", 6, 4), ("n_kv_heads", 2, 4), ("dim", 260, 8), ("ffn_dim", 690, 4), ("vocab_size", 8190, 4)],
+    [
+        ("n_heads", 6, 4),
+        ("n_kv_heads", 2, 4),
+        ("dim", 260, 8),
+        ("ffn_dim", 690, 4),
+        ("vocab_size", 8190, 4),
+    ],
 )
 def test_tp_degree_must_divide_shapes(field, value, tp):
     args = small_args(flavors_for("cola")["debugmodel"])
     setattr(args, field, value)
-    with pytest.raises(ValueError, match=f"tensor_parallel_degree {tp} does not divide.*{field}={value}"):
+    with pytest.raises(
+        ValueError, match=f"tensor_parallel_degree {tp} does not divide.*{field}={value}"
+    ):
         validate_tp_degree(args, tp, "btp")
 
 

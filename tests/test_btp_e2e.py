@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import run_training
 
 STEPS = 20
@@ -16,18 +15,30 @@ FP32 = ("--training.mixed_precision_param", "float32")
 @pytest.mark.slow
 def test_cola_btp_tp2_matches_single_process(corpus_dir, tmp_path):
     seed = run_training(
-        "debug_cola.toml", 1, tmp_path / "seed",
-        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint", *FP32,
+        "debug_cola.toml",
+        1,
+        tmp_path / "seed",
+        "--checkpoint.enable",
+        "--checkpoint.create_seed_checkpoint",
+        *FP32,
     )
     load = (
-        "--checkpoint.enable", "--checkpoint.initial_load_path",
+        "--checkpoint.enable",
+        "--checkpoint.initial_load_path",
         str(seed.dump_folder / "checkpoint" / "step-0"),
-        "--checkpoint.interval", "1000", "--checkpoint.last_save_model_only",
-        "--training.steps", str(STEPS), "--validation.no-enable", *FP32,
+        "--checkpoint.interval",
+        "1000",
+        "--checkpoint.last_save_model_only",
+        "--training.steps",
+        str(STEPS),
+        "--validation.no-enable",
+        *FP32,
     )
     single = run_training("debug_cola.toml", 1, tmp_path / "single", *load)
     btp = run_training("debug_cola_btp_tp2.toml", 2, tmp_path / "btp", *load, "--boost.log_comm")
-    ckpt = run_training("debug_cola_btp_tp2.toml", 2, tmp_path / "ckpt", *load, "--boost.latent_checkpoint", "both")
+    ckpt = run_training(
+        "debug_cola_btp_tp2.toml", 2, tmp_path / "ckpt", *load, "--boost.latent_checkpoint", "both"
+    )
 
     ref, got = single.losses(), btp.losses(0)
     assert len(ref) == len(got) == STEPS

@@ -5,7 +5,6 @@ the same weights (fp32)."""
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -42,8 +41,9 @@ def _worker(rank: int, init_file: str):
 
 
 def _check_case(mesh, plan: str, arch: str, flavor: str, grouped: bool):
-    from boost_titan.models.flavors import flavors_for
     from tp_sim import max_rel_err, plain, plan_fn, reference_model, small_args
+
+    from boost_titan.models.flavors import flavors_for
 
     args = small_args(flavors_for(arch)[flavor], group_linears=grouped)
     ref = reference_model(args, seed=0)  # same seed on every rank: same weights
@@ -51,8 +51,10 @@ def _check_case(mesh, plan: str, arch: str, flavor: str, grouped: bool):
     plan_fn(plan, loss_parallel=True)(par, mesh)
     g = torch.Generator().manual_seed(1)
     batches = [
-        (torch.randint(0, args.vocab_size, (2, 32), generator=g),
-         torch.randint(0, args.vocab_size, (2, 32), generator=g))
+        (
+            torch.randint(0, args.vocab_size, (2, 32), generator=g),
+            torch.randint(0, args.vocab_size, (2, 32), generator=g),
+        )
         for _ in range(2)
     ]
     # eps well above fp32 gradient noise: Adam's first step is ~lr*sign(g), so for
@@ -68,7 +70,13 @@ def _check_case(mesh, plan: str, arch: str, flavor: str, grouped: bool):
             loss = F.cross_entropy(par(tokens).flatten(0, 1), labels.flatten())
             loss.backward()
         loss = plain(loss.detach())
-        assert abs(loss.item() - ref_loss.item()) <= 1e-5 * ref_loss.item(), (plan, arch, step, loss, ref_loss)
+        assert abs(loss.item() - ref_loss.item()) <= 1e-5 * ref_loss.item(), (
+            plan,
+            arch,
+            step,
+            loss,
+            ref_loss,
+        )
         for (name, p), q in zip(ref.named_parameters(), par.parameters()):
             err = max_rel_err(plain(q.grad), p.grad)
             assert err < 2e-5, (plan, arch, step, name, err)
@@ -86,10 +94,11 @@ def _check_case(mesh, plan: str, arch: str, flavor: str, grouped: bool):
 def _check_latent_checkpoint(mesh):
     """BTP with latent checkpointing: bitwise the gradients of BTP without it, and the
     same collectives in the same order, on real ranks."""
+    from tp_sim import plain, plan_fn, reference_model, small_args
+
     from boost_titan.comm_stats import CommCounter
     from boost_titan.models.flavors import flavors_for
     from boost_titan.parallelize import apply_latent_checkpointing
-    from tp_sim import plain, plan_fn, reference_model, small_args
 
     args = small_args(flavors_for("lax")["debugmodel"])
     ref = reference_model(args, seed=0)
@@ -103,8 +112,10 @@ def _check_latent_checkpoint(mesh):
         with CommCounter() as counter, loss_parallel():
             loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
             loss.backward()
-        runs[mode] = ([plain(p.grad) for p in model.parameters()],
-                      [(r.phase, r.op, r.numel) for r in counter.records])
+        runs[mode] = (
+            [plain(p.grad) for p in model.parameters()],
+            [(r.phase, r.op, r.numel) for r in counter.records],
+        )
     assert all(torch.equal(a, b) for a, b in zip(runs["none"][0], runs["both"][0]))
     assert runs["none"][1] == runs["both"][1]
 

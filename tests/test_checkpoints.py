@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-
 from helpers import REPO_ROOT, run_training
 
 FP32 = ("--training.mixed_precision_param", "float32")
@@ -23,9 +22,17 @@ CONFIG = "debug_cola_btp_tp2.toml"
 
 def _cli(*args: str, config: str = CONFIG, expect_error: str | None = None) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "boost_titan.checkpoint", *args,
-         "--job.config_file", str(REPO_ROOT / "train_configs" / config)],
-        cwd=REPO_ROOT, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "boost_titan.checkpoint",
+            *args,
+            "--job.config_file",
+            str(REPO_ROOT / "train_configs" / config),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
     )
     if expect_error is not None:
         assert proc.returncode != 0 and expect_error in proc.stderr, proc.stderr[-3000:]
@@ -50,11 +57,25 @@ def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 def btp_run(corpus_dir, tmp_path_factory):
     """Seed checkpoint, then 6 BTP TP2 steps saving full checkpoints at steps 3 and 6."""
     root = tmp_path_factory.mktemp("ckpt")
-    seed = run_training("debug_cola.toml", 1, root / "seed",
-                        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint", *FP32)
-    args = ("--checkpoint.enable", "--checkpoint.initial_load_path",
-            str(seed.dump_folder / "checkpoint" / "step-0"), "--checkpoint.interval", "3",
-            "--training.steps", "6", "--validation.no-enable", *FP32)
+    seed = run_training(
+        "debug_cola.toml",
+        1,
+        root / "seed",
+        "--checkpoint.enable",
+        "--checkpoint.create_seed_checkpoint",
+        *FP32,
+    )
+    args = (
+        "--checkpoint.enable",
+        "--checkpoint.initial_load_path",
+        str(seed.dump_folder / "checkpoint" / "step-0"),
+        "--checkpoint.interval",
+        "3",
+        "--training.steps",
+        "6",
+        "--validation.no-enable",
+        *FP32,
+    )
     run = run_training(CONFIG, 2, root / "btp", *args)
     return root, args, run
 
@@ -63,7 +84,9 @@ def btp_run(corpus_dir, tmp_path_factory):
 def test_resume_under_btp_is_bit_exact(btp_run):
     root, args, full = btp_run
     resumed_dir = root / "resumed"
-    shutil.copytree(full.dump_folder / "checkpoint" / "step-3", resumed_dir / "checkpoint" / "step-3")
+    shutil.copytree(
+        full.dump_folder / "checkpoint" / "step-3", resumed_dir / "checkpoint" / "step-3"
+    )
     resumed = run_training(CONFIG, 2, resumed_dir, *args)
     assert sorted(resumed.loss[0]) == [4, 5, 6]
     for rank in (0, 1):
@@ -71,8 +94,20 @@ def test_resume_under_btp_is_bit_exact(btp_run):
             assert resumed.loss[rank][step] == full.loss[rank][step]
             assert resumed.grad_norm[rank][step] == full.grad_norm[rank][step]
     # and the weights after step 6 are the same bits
-    _cli("export", "--from", str(full.dump_folder / "checkpoint" / "step-6"), "--to", str(root / "full6.safetensors"))
-    _cli("export", "--from", str(resumed_dir / "checkpoint" / "step-6"), "--to", str(root / "resumed6.safetensors"))
+    _cli(
+        "export",
+        "--from",
+        str(full.dump_folder / "checkpoint" / "step-6"),
+        "--to",
+        str(root / "full6.safetensors"),
+    )
+    _cli(
+        "export",
+        "--from",
+        str(resumed_dir / "checkpoint" / "step-6"),
+        "--to",
+        str(root / "resumed6.safetensors"),
+    )
     _assert_identical(_tensors(root / "full6.safetensors"), _tensors(root / "resumed6.safetensors"))
 
 
@@ -106,9 +141,21 @@ def test_btp_checkpoint_loads_into_other_layouts_and_safetensors_round_trip(btp_
     for name, load_from in cases:
         config, ngpu, extra = LAYOUTS[name.split("-")[0]]
         run = run_training(
-            config, ngpu, root / name, *extra, *FP32, "--checkpoint.enable",
-            "--checkpoint.initial_load_path", str(load_from), "--checkpoint.last_save_model_only",
-            "--checkpoint.interval", "1000", "--optimizer.lr", "0", "--training.steps", "1",
+            config,
+            ngpu,
+            root / name,
+            *extra,
+            *FP32,
+            "--checkpoint.enable",
+            "--checkpoint.initial_load_path",
+            str(load_from),
+            "--checkpoint.last_save_model_only",
+            "--checkpoint.interval",
+            "1000",
+            "--optimizer.lr",
+            "0",
+            "--training.steps",
+            "1",
             "--validation.no-enable",
         )
         saved = root / f"{name}.safetensors"
@@ -125,10 +172,32 @@ def test_btp_checkpoint_loads_into_other_layouts_and_safetensors_round_trip(btp_
 def test_export_rejects_a_config_that_does_not_fit(btp_run):
     root, _, full = btp_run
     source = str(full.dump_folder / "checkpoint" / "step-6")
-    _cli("export", "--from", source, "--to", str(root / "bad.safetensors"), "--boost.rank", "32",
-         expect_error="shape mismatches, e.g. ['layers.0.attention.wk.down.weight: (64, 256) (model: (32, 256))'")
-    _cli("export", "--from", source, "--to", str(root / "bad.safetensors"), "--model.name", "llama2",
-         expect_error="missing 28 tensors, e.g. ['layers.0.attention.wk.weight'")
-    _cli("export", "--from", str(root / "nowhere"), "--to", str(root / "bad.safetensors"),
-         expect_error="is not a DCP checkpoint (no .metadata file)")
+    _cli(
+        "export",
+        "--from",
+        source,
+        "--to",
+        str(root / "bad.safetensors"),
+        "--boost.rank",
+        "32",
+        expect_error="shape mismatches, e.g. ['layers.0.attention.wk.down.weight: (64, 256) (model: (32, 256))'",
+    )
+    _cli(
+        "export",
+        "--from",
+        source,
+        "--to",
+        str(root / "bad.safetensors"),
+        "--model.name",
+        "llama2",
+        expect_error="missing 28 tensors, e.g. ['layers.0.attention.wk.weight'",
+    )
+    _cli(
+        "export",
+        "--from",
+        str(root / "nowhere"),
+        "--to",
+        str(root / "bad.safetensors"),
+        expect_error="is not a DCP checkpoint (no .metadata file)",
+    )
     assert not list(root.glob("*bad.safetensors*"))  # nothing half-written

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from compile_check import run_cases
 
 # measured (fp32, inductor on CPU): losses agree to <= 3e-7 relative, grad norms to
@@ -45,8 +44,10 @@ def _assert_same(row: dict) -> None:
 # Inductor's C++ builds dominate (~1 min per configuration on 2 cores, cold): keep the
 # cache between runs of the suite. Safe: keys hash the graphs, torch and inductor
 # config, and every rank has its own folder (boost_titan.compile).
-CACHE = os.environ.get("BOOST_TEST_INDUCTOR_CACHE",
-                       os.path.join(os.path.expanduser("~"), ".cache", "boost_titan", "test_inductor"))
+CACHE = os.environ.get(
+    "BOOST_TEST_INDUCTOR_CACHE",
+    os.path.join(os.path.expanduser("~"), ".cache", "boost_titan", "test_inductor"),
+)
 
 
 @pytest.mark.slow
@@ -55,9 +56,14 @@ def test_compiled_equals_eager_on_tp2_ranks(tmp_path):
     rows = run_cases(MATRIX, str(tmp_path / "cold"), cache)
     assert len(rows) == len(MATRIX)
     for row in rows:
-        print({k: row[k] for k in ("plan", "arch", "flavor", "latent_checkpoint", "keep", "ac")},
-              "eager", row["eager"]["loss"], "compiled", row["compiled"]["loss"],
-              f"{row['eager']['seconds']:.1f}s / {row['compiled']['seconds']:.1f}s (incl. compile)")
+        print(
+            {k: row[k] for k in ("plan", "arch", "flavor", "latent_checkpoint", "keep", "ac")},
+            "eager",
+            row["eager"]["loss"],
+            "compiled",
+            row["compiled"]["loss"],
+            f"{row['eager']['seconds']:.1f}s / {row['compiled']['seconds']:.1f}s (incl. compile)",
+        )
         _assert_same(row)
     # Warm cache: a second launch over the same inductor cache loads these graphs from
     # disk (the first launch may have too, from an earlier run). Before rank-local caches, each rank loaded whichever rank's loss-parallel
@@ -99,5 +105,7 @@ def test_uncompilable_combinations_are_refused_when_parsed():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _REFUSALS], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _REFUSALS], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "REFUSALS OK" in proc.stdout, proc.stderr[-3000:]

@@ -13,7 +13,6 @@ reductions, not just "the loss goes down".
 from __future__ import annotations
 
 import pytest
-
 from helpers import run_training
 
 STEPS = 4  # = warmup_steps: the LR schedule is identical however long a run is
@@ -34,7 +33,13 @@ LAYOUTS = [
     ("svd", "debug_svd_hsdp.toml", 4, 4, ()),
     # compiled (each block and the loss): the same numbers as the eager single process
     ("cola", "debug_cola_btp_tp2_fsdp2.toml", 4, 2, ("--compile.enable",)),
-    ("lax", "debug_cola_btp_tp2_pp2.toml", 4, 1, ("--compile.enable", "--boost.latent_checkpoint", "both")),
+    (
+        "lax",
+        "debug_cola_btp_tp2_pp2.toml",
+        4,
+        1,
+        ("--compile.enable", "--boost.latent_checkpoint", "both"),
+    ),
 ]
 
 
@@ -57,19 +62,38 @@ class _References:
         self.root, self.docs_dir, self.runs = root, docs_dir, {}
 
     def data(self, copies: int) -> tuple[str, ...]:
-        return ("--training.dataset", "local_text",
-                "--training.dataset_path", str(self.docs_dir / f"x{copies}"))
+        return (
+            "--training.dataset",
+            "local_text",
+            "--training.dataset_path",
+            str(self.docs_dir / f"x{copies}"),
+        )
 
     def get(self, arch: str):
         if arch not in self.runs:
             config = f"debug_{arch}.toml"
-            seed = run_training(config, 1, self.root / f"{arch}_seed", "--checkpoint.enable",
-                                "--checkpoint.create_seed_checkpoint", *FP32)
-            load = ("--model.name", f"{arch}_llama2",
-                    "--checkpoint.enable", "--checkpoint.initial_load_path",
-                    str(seed.dump_folder / "checkpoint" / "step-0"),
-                    "--checkpoint.interval", "1000", "--checkpoint.last_save_model_only",
-                    "--training.steps", str(STEPS), "--validation.no-enable", *FP32)
+            seed = run_training(
+                config,
+                1,
+                self.root / f"{arch}_seed",
+                "--checkpoint.enable",
+                "--checkpoint.create_seed_checkpoint",
+                *FP32,
+            )
+            load = (
+                "--model.name",
+                f"{arch}_llama2",
+                "--checkpoint.enable",
+                "--checkpoint.initial_load_path",
+                str(seed.dump_folder / "checkpoint" / "step-0"),
+                "--checkpoint.interval",
+                "1000",
+                "--checkpoint.last_save_model_only",
+                "--training.steps",
+                str(STEPS),
+                "--validation.no-enable",
+                *FP32,
+            )
             single = run_training(config, 1, self.root / f"{arch}_single", *load, *self.data(1))
             self.runs[arch] = (load, single)
         return self.runs[arch]
@@ -90,11 +114,16 @@ def _last_stage(run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,config,ngpu,dp,extra", LAYOUTS,
-                         ids=[f"{a}-{c.removesuffix('.toml')}"
-                              f"{'-compiled' if '--compile.enable' in e else ''}"
-                              f"{'-ckpt' if '--boost.latent_checkpoint' in e else ''}"
-                              for a, c, _, _, e in LAYOUTS])
+@pytest.mark.parametrize(
+    "arch,config,ngpu,dp,extra",
+    LAYOUTS,
+    ids=[
+        f"{a}-{c.removesuffix('.toml')}"
+        f"{'-compiled' if '--compile.enable' in e else ''}"
+        f"{'-ckpt' if '--boost.latent_checkpoint' in e else ''}"
+        for a, c, _, _, e in LAYOUTS
+    ],
+)
 def test_layout_matches_single_process(references, tmp_path, arch, config, ngpu, dp, extra):
     load, single = references.get(arch)
     run = run_training(config, ngpu, tmp_path / "run", *load, *references.data(dp), *extra)
@@ -103,9 +132,17 @@ def test_layout_matches_single_process(references, tmp_path, arch, config, ngpu,
     print(f"{arch} {config}: single {ref_loss} {ref_norm}\n  layout {loss} {norm}")
     assert sorted(loss) == sorted(ref_loss) == list(range(1, STEPS + 1))
     for step in ref_loss:
-        assert abs(loss[step] - ref_loss[step]) <= LOSS_RTOL * ref_loss[step], (step, loss, ref_loss)
+        assert abs(loss[step] - ref_loss[step]) <= LOSS_RTOL * ref_loss[step], (
+            step,
+            loss,
+            ref_loss,
+        )
         # PP used to give grad norms x the step's token count (torchtitan 0.2.2)
-        assert abs(norm[step] - ref_norm[step]) <= GRAD_NORM_RTOL * ref_norm[step], (step, norm, ref_norm)
+        assert abs(norm[step] - ref_norm[step]) <= GRAD_NORM_RTOL * ref_norm[step], (
+            step,
+            norm,
+            ref_norm,
+        )
     assert loss[STEPS] < loss[1] - 0.3  # and it learns
 
 
@@ -120,9 +157,19 @@ def test_btp_fsdp2_bf16_mixed_precision_follows_fp32(references, tmp_path):
     against the fp32 single process, 10 steps from the same seed checkpoint."""
     load, _ = references.get("cola")
     steps = ("--training.steps", str(BF16_STEPS))
-    single = run_training("debug_cola.toml", 1, tmp_path / "fp32", *load, *steps, *references.data(1))
-    bf16 = run_training("debug_cola_btp_tp2_fsdp2.toml", 4, tmp_path / "bf16", *load, *steps,
-                        *references.data(2), "--training.mixed_precision_param", "bfloat16")
+    single = run_training(
+        "debug_cola.toml", 1, tmp_path / "fp32", *load, *steps, *references.data(1)
+    )
+    bf16 = run_training(
+        "debug_cola_btp_tp2_fsdp2.toml",
+        4,
+        tmp_path / "bf16",
+        *load,
+        *steps,
+        *references.data(2),
+        "--training.mixed_precision_param",
+        "bfloat16",
+    )
     ref, got = single.loss[0], bf16.loss[0]
     print("fp32 single:", ref, "\nbf16 tp2 x fsdp2:", got)
     assert sorted(got) == sorted(ref) == list(range(1, BF16_STEPS + 1))

@@ -25,103 +25,299 @@ C, T = "debug_cola_btp_tp2.toml", "debug_cola.toml"
 # (case, expected category, substring of the outcome's message)
 FIXED: list[tuple[Case, str, str]] = [
     # --- [parallelism]: torchtitan asserted inside ParallelDims, after the process group existed
-    (Case(C, 3, "cli", []), "clean",
-     "[parallelism] degrees multiply to 2 (data_parallel_replicate_degree 1 x data_parallel_shard_degree 1 x "
-     "context_parallel_degree 1 x tensor_parallel_degree 2 x pipeline_parallel_degree 1) but WORLD_SIZE = 3"),
-    (Case(C, 2, "cli", [["parallelism", "tensor_parallel_degree", "0"]]), "clean",
-     "[parallelism] tensor_parallel_degree = 0 must be >= 1"),
-    (Case(C, 2, "cli", [["parallelism", "data_parallel_shard_degree", "-2"]]), "clean",
-     "[parallelism] data_parallel_shard_degree = -2 must be >= 1 (data_parallel_shard_degree may be -1"),
-    (Case(C, 3, "cli", [["parallelism", "data_parallel_shard_degree", "-1"]]), "clean",
-     "[parallelism] data_parallel_shard_degree = -1 cannot fill WORLD_SIZE 3: the other degrees multiply to 2"),
+    (
+        Case(C, 3, "cli", []),
+        "clean",
+        "[parallelism] degrees multiply to 2 (data_parallel_replicate_degree 1 x data_parallel_shard_degree 1 x "
+        "context_parallel_degree 1 x tensor_parallel_degree 2 x pipeline_parallel_degree 1) but WORLD_SIZE = 3",
+    ),
+    (
+        Case(C, 2, "cli", [["parallelism", "tensor_parallel_degree", "0"]]),
+        "clean",
+        "[parallelism] tensor_parallel_degree = 0 must be >= 1",
+    ),
+    (
+        Case(C, 2, "cli", [["parallelism", "data_parallel_shard_degree", "-2"]]),
+        "clean",
+        "[parallelism] data_parallel_shard_degree = -2 must be >= 1 (data_parallel_shard_degree may be -1",
+    ),
+    (
+        Case(C, 3, "cli", [["parallelism", "data_parallel_shard_degree", "-1"]]),
+        "clean",
+        "[parallelism] data_parallel_shard_degree = -1 cannot fill WORLD_SIZE 3: the other degrees multiply to 2",
+    ),
     # TP degree vs the model's dims: failed in parallelize_boost, after the mesh
-    (Case(C, 3, "cli", [["parallelism", "tensor_parallel_degree", "3"]]), "clean",
-     "[parallelism] tensor_parallel_degree 3 does not divide n_heads=8, n_kv_heads=8, dim=256, ffn_dim=688"),
-    (Case(C, 16, "cli", [["parallelism", "tensor_parallel_degree", "16"]]), "clean",
-     "valid degrees [1, 2, 4, 8]"),
-    (Case(C, 2, "cli", [["parallelism", "context_parallel_degree", "2"], ["parallelism", "tensor_parallel_degree", "1"]]),
-     "clean", "[parallelism] context_parallel_degree = 2 is not supported by boost_titan models"),
-    (Case(T, 4, "cli", [["parallelism", "data_parallel_replicate_degree", "2"],
-                        ["parallelism", "tensor_parallel_degree", "2"]]), "clean",
-     "[parallelism] data_parallel_replicate_degree = 2 without sharding is plain DDP"),
-    (Case("debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_layers_per_stage", "2"]]), "clean",
-     "[parallelism] pipeline_parallel_layers_per_stage = 2 does not divide the 6 effective layers"),
-    (Case("debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_schedule", "Bogus"]]), "clean",
-     "[parallelism] pipeline_parallel_schedule = 'Bogus' is not valid; choose one of ['1F1B', 'GPipe'"),
-    (Case("debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_microbatch_size", "0"]]), "clean",
-     "[parallelism] pipeline_parallel_microbatch_size = 0 must be >= 1"),
-    (Case("debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_first_stage_less_layers", "0"]]),
-     "clean", "pipeline_parallel_first_stage_less_layers = 0, pipeline_parallel_last_stage_less_layers = 1)"),
+    (
+        Case(C, 3, "cli", [["parallelism", "tensor_parallel_degree", "3"]]),
+        "clean",
+        "[parallelism] tensor_parallel_degree 3 does not divide n_heads=8, n_kv_heads=8, dim=256, ffn_dim=688",
+    ),
+    (
+        Case(C, 16, "cli", [["parallelism", "tensor_parallel_degree", "16"]]),
+        "clean",
+        "valid degrees [1, 2, 4, 8]",
+    ),
+    (
+        Case(
+            C,
+            2,
+            "cli",
+            [
+                ["parallelism", "context_parallel_degree", "2"],
+                ["parallelism", "tensor_parallel_degree", "1"],
+            ],
+        ),
+        "clean",
+        "[parallelism] context_parallel_degree = 2 is not supported by boost_titan models",
+    ),
+    (
+        Case(
+            T,
+            4,
+            "cli",
+            [
+                ["parallelism", "data_parallel_replicate_degree", "2"],
+                ["parallelism", "tensor_parallel_degree", "2"],
+            ],
+        ),
+        "clean",
+        "[parallelism] data_parallel_replicate_degree = 2 without sharding is plain DDP",
+    ),
+    (
+        Case(
+            "debug_lax_pp2.toml",
+            2,
+            "cli",
+            [["parallelism", "pipeline_parallel_layers_per_stage", "2"]],
+        ),
+        "clean",
+        "[parallelism] pipeline_parallel_layers_per_stage = 2 does not divide the 6 effective layers",
+    ),
+    (
+        Case(
+            "debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_schedule", "Bogus"]]
+        ),
+        "clean",
+        "[parallelism] pipeline_parallel_schedule = 'Bogus' is not valid; choose one of ['1F1B', 'GPipe'",
+    ),
+    (
+        Case(
+            "debug_lax_pp2.toml",
+            2,
+            "cli",
+            [["parallelism", "pipeline_parallel_microbatch_size", "0"]],
+        ),
+        "clean",
+        "[parallelism] pipeline_parallel_microbatch_size = 0 must be >= 1",
+    ),
+    (
+        Case(
+            "debug_lax_pp2.toml",
+            2,
+            "cli",
+            [["parallelism", "pipeline_parallel_first_stage_less_layers", "0"]],
+        ),
+        "clean",
+        "pipeline_parallel_first_stage_less_layers = 0, pipeline_parallel_last_stage_less_layers = 1)",
+    ),
     # --- [training]
-    (Case(C, 2, "cli", [["training", "seq_len", "30"]]), "clean",
-     "[training] seq_len = 30 must be divisible by 4 (2 x tensor_parallel_degree 2"),
-    (Case(T, 1, "cli", [["training", "seq_len", "0"]]), "clean", "[training] seq_len = 0 must be >= 1"),
-    (Case(T, 1, "cli", [["training", "local_batch_size", "0"]]), "clean",
-     "[training] local_batch_size = 0 must be >= 1"),
-    (Case(T, 1, "cli", [["training", "global_batch_size", "6"]]), "clean",
-     "[training] global_batch_size = 6 must be a multiple of local_batch_size 4 x data-parallel degree 1"),
-    (Case(T, 1, "cli", [["training", "steps", "-1"]]), "clean", "[training] steps = -1 must be >= 1"),
-    (Case(T, 1, "cli", [["training", "max_norm", "-1"]]), "clean", "[training] max_norm = -1.0 must be a finite"),
-    (Case(T, 1, "cli", [["training", "dataset", "no_such_set"]]), "clean",
-     "[training] dataset = 'no_such_set' is not a known dataset; valid: ['boost_corpus'"),
-    (Case(T, 1, "missing_corpus", [["training", "dataset_path", "/nonexistent/corpus"]]), "clean",
-     "[training] dataset_path = '/nonexistent/corpus' reads '/nonexistent/corpus', which does not exist; "
-     "build it with `python -m boost_titan.data build`"),
-    (Case(T, 1, "local_text_without_path", [["training", "dataset", "local_text"]]), "clean",
-     "[training] dataset_path = None must be set for dataset 'local_text'"),
-    (Case(T, 1, "cli", [["training", "gc_freq", "0"]]), "clean", "[training] gc_freq = 0 must be >= 1"),
+    (
+        Case(C, 2, "cli", [["training", "seq_len", "30"]]),
+        "clean",
+        "[training] seq_len = 30 must be divisible by 4 (2 x tensor_parallel_degree 2",
+    ),
+    (
+        Case(T, 1, "cli", [["training", "seq_len", "0"]]),
+        "clean",
+        "[training] seq_len = 0 must be >= 1",
+    ),
+    (
+        Case(T, 1, "cli", [["training", "local_batch_size", "0"]]),
+        "clean",
+        "[training] local_batch_size = 0 must be >= 1",
+    ),
+    (
+        Case(T, 1, "cli", [["training", "global_batch_size", "6"]]),
+        "clean",
+        "[training] global_batch_size = 6 must be a multiple of local_batch_size 4 x data-parallel degree 1",
+    ),
+    (
+        Case(T, 1, "cli", [["training", "steps", "-1"]]),
+        "clean",
+        "[training] steps = -1 must be >= 1",
+    ),
+    (
+        Case(T, 1, "cli", [["training", "max_norm", "-1"]]),
+        "clean",
+        "[training] max_norm = -1.0 must be a finite",
+    ),
+    (
+        Case(T, 1, "cli", [["training", "dataset", "no_such_set"]]),
+        "clean",
+        "[training] dataset = 'no_such_set' is not a known dataset; valid: ['boost_corpus'",
+    ),
+    (
+        Case(T, 1, "missing_corpus", [["training", "dataset_path", "/nonexistent/corpus"]]),
+        "clean",
+        "[training] dataset_path = '/nonexistent/corpus' reads '/nonexistent/corpus', which does not exist; "
+        "build it with `python -m boost_titan.data build`",
+    ),
+    (
+        Case(T, 1, "local_text_without_path", [["training", "dataset", "local_text"]]),
+        "clean",
+        "[training] dataset_path = None must be set for dataset 'local_text'",
+    ),
+    (
+        Case(T, 1, "cli", [["training", "gc_freq", "0"]]),
+        "clean",
+        "[training] gc_freq = 0 must be >= 1",
+    ),
     # wrong types in a TOML file: torchtitan took them as they were
-    (Case(T, 1, "toml", [["training", "seq_len", "256"]]), "clean",
-     "[training] seq_len = '256' has type str; expected int"),
-    (Case(C, 2, "toml", [["parallelism", "tensor_parallel_degree", 2.0]]), "clean",
-     "[parallelism] tensor_parallel_degree = 2.0 has type float; expected int"),
-    (Case(T, 1, "toml", [["boost", "rank", True]]), "clean", "[boost] rank = True has type bool; expected int"),
-    (Case(T, 1, "toml", [["boost", "tp_plan", ["btp"]]]), "clean", "[boost] tp_plan = ['btp'] has type list"),
-    (Case(T, 1, "toml", [["model", "flavor", 1]]), "clean", "[model] flavor = 1 has type int; expected str"),
+    (
+        Case(T, 1, "toml", [["training", "seq_len", "256"]]),
+        "clean",
+        "[training] seq_len = '256' has type str; expected int",
+    ),
+    (
+        Case(C, 2, "toml", [["parallelism", "tensor_parallel_degree", 2.0]]),
+        "clean",
+        "[parallelism] tensor_parallel_degree = 2.0 has type float; expected int",
+    ),
+    (
+        Case(T, 1, "toml", [["boost", "rank", True]]),
+        "clean",
+        "[boost] rank = True has type bool; expected int",
+    ),
+    (
+        Case(T, 1, "toml", [["boost", "tp_plan", ["btp"]]]),
+        "clean",
+        "[boost] tp_plan = ['btp'] has type list",
+    ),
+    (
+        Case(T, 1, "toml", [["model", "flavor", 1]]),
+        "clean",
+        "[model] flavor = 1 has type int; expected str",
+    ),
     # --- [boost] against the model's shapes: failed at trainer construction
-    (Case(T, 1, "cli", [["boost", "rank", "257"]]), "clean",
-     "[boost] rank = 257 is too large for model 'cola_llama2' flavor 'debugmodel' (dim 256, ffn_dim 688); "
-     "valid: 1 .. 256"),
-    (Case(T, 1, "cli", [["boost", "rank_ratio", "1e-9"]]), "clean",
-     "[boost] rank_ratio = 1e-09 gives rank 0 for dim 256; valid ranks: 1 .. 256"),
-    (Case(T, 1, "cli", [["boost", "kv_rank", "257"]]), "clean", "[boost] kv_rank = 257 exceeds the k/v width 256"),
-    (Case("debug_lax.toml", 1, "cli", [["boost", "kv_rank", "31"]]), "clean",
-     "[boost] kv_rank = 31 with model 'lax_llama2' flavor 'debugmodel' are not valid: Kronecker LaX gate"),
-    (Case("debug_llama2.toml", 1, "cli", [["boost", "rank", "32"]]), "clean",
-     "[boost] rank = 32 applies to low-rank models only; model 'llama2' flavor 'debugmodel' is dense"),
-    (Case("debug_llama2.toml", 1, "cli", [["boost", "tp_plan", "btp"]]), "clean",
-     "[boost] tp_plan = 'btp' does not apply to a dense model; valid plans for it: ['fullrank']"),
-    (Case("debug_llama2.toml", 1, "cli", [["boost", "latent_checkpoint", "mlp"],
-                                          ["activation_checkpoint", "mode", "none"]]), "clean",
-     "[boost] latent_checkpoint = 'mlp' cannot be used: model 'llama2' is dense"),
-    (Case(C, 2, "cli", [["boost", "latent_checkpoint", "both"], ["boost", "rmsnorm", "sync"]]), "clean",
-     "rmsnorm = 'sync' all-reduces inside the norm; use 'online'"),
-    (Case(T, 1, "cli", [["boost", "cpu_peak_flops", "-5"]]), "clean", "[boost] cpu_peak_flops = -5.0 must be"),
-    (Case(T, 1, "cli", [["boost", "group_linears", "false"]]), "clean",
-     "[boost] group_linears is a flag and takes no value (got 'false'): write --boost.group_linears to set it "
-     "or --boost.no-group-linears"),
+    (
+        Case(T, 1, "cli", [["boost", "rank", "257"]]),
+        "clean",
+        "[boost] rank = 257 is too large for model 'cola_llama2' flavor 'debugmodel' (dim 256, ffn_dim 688); "
+        "valid: 1 .. 256",
+    ),
+    (
+        Case(T, 1, "cli", [["boost", "rank_ratio", "1e-9"]]),
+        "clean",
+        "[boost] rank_ratio = 1e-09 gives rank 0 for dim 256; valid ranks: 1 .. 256",
+    ),
+    (
+        Case(T, 1, "cli", [["boost", "kv_rank", "257"]]),
+        "clean",
+        "[boost] kv_rank = 257 exceeds the k/v width 256",
+    ),
+    (
+        Case("debug_lax.toml", 1, "cli", [["boost", "kv_rank", "31"]]),
+        "clean",
+        "[boost] kv_rank = 31 with model 'lax_llama2' flavor 'debugmodel' are not valid: Kronecker LaX gate",
+    ),
+    (
+        Case("debug_llama2.toml", 1, "cli", [["boost", "rank", "32"]]),
+        "clean",
+        "[boost] rank = 32 applies to low-rank models only; model 'llama2' flavor 'debugmodel' is dense",
+    ),
+    (
+        Case("debug_llama2.toml", 1, "cli", [["boost", "tp_plan", "btp"]]),
+        "clean",
+        "[boost] tp_plan = 'btp' does not apply to a dense model; valid plans for it: ['fullrank']",
+    ),
+    (
+        Case(
+            "debug_llama2.toml",
+            1,
+            "cli",
+            [["boost", "latent_checkpoint", "mlp"], ["activation_checkpoint", "mode", "none"]],
+        ),
+        "clean",
+        "[boost] latent_checkpoint = 'mlp' cannot be used: model 'llama2' is dense",
+    ),
+    (
+        Case(C, 2, "cli", [["boost", "latent_checkpoint", "both"], ["boost", "rmsnorm", "sync"]]),
+        "clean",
+        "rmsnorm = 'sync' all-reduces inside the norm; use 'online'",
+    ),
+    (
+        Case(T, 1, "cli", [["boost", "cpu_peak_flops", "-5"]]),
+        "clean",
+        "[boost] cpu_peak_flops = -5.0 must be",
+    ),
+    (
+        Case(T, 1, "cli", [["boost", "group_linears", "false"]]),
+        "clean",
+        "[boost] group_linears is a flag and takes no value (got 'false'): write --boost.group_linears to set it "
+        "or --boost.no-group-linears",
+    ),
     # --- [model], [job] config_file, files
-    (Case(T, 1, "missing_config", [["job", "config_file", "no_such.toml"]]), "clean",
-     "[job] config_file = "),
+    (
+        Case(T, 1, "missing_config", [["job", "config_file", "no_such.toml"]]),
+        "clean",
+        "[job] config_file = ",
+    ),
     (Case(T, 1, "bad_toml", [["job", "config_file", "<broken>"]]), "clean", "is not valid TOML"),
-    (Case(T, 1, "tokenizer_without_json", [["model", "hf_assets_path", "<no tokenizer.json>"]]), "clean",
-     "holds no tokenizer.json (found ['tokenizer_config.json'])"),
-    (Case(T, 1, "missing_tokenizer", [["model", "hf_assets_path", "/nonexistent/tok"]]), "clean",
-     "[model] hf_assets_path = '/nonexistent/tok' does not exist"),
+    (
+        Case(T, 1, "tokenizer_without_json", [["model", "hf_assets_path", "<no tokenizer.json>"]]),
+        "clean",
+        "holds no tokenizer.json (found ['tokenizer_config.json'])",
+    ),
+    (
+        Case(T, 1, "missing_tokenizer", [["model", "hf_assets_path", "/nonexistent/tok"]]),
+        "clean",
+        "[model] hf_assets_path = '/nonexistent/tok' does not exist",
+    ),
     # --- [optimizer], [lr_scheduler], [metrics]: failed in torch's optimizer or mid-run
-    (Case(T, 1, "cli", [["optimizer", "name", "SGD"]]), "clean",
-     "[optimizer] name = 'SGD' is not valid; choose one of ['Adam', 'AdamW']"),
-    (Case(T, 1, "cli", [["optimizer", "beta1", "1.5"]]), "clean", "[optimizer] beta1 = 1.5 must be in [0, 1)"),
-    (Case(T, 1, "cli", [["optimizer", "lr", "-0.001"]]), "clean", "[optimizer] lr = -0.001 must be a finite"),
-    (Case(T, 1, "cli", [["lr_scheduler", "total_steps", "5"]]), "clean",
-     "[lr_scheduler] total_steps = 5 is below [training] steps = 20"),
-    (Case(T, 1, "cli", [["lr_scheduler", "warmup_steps", "-1"]]), "clean",
-     "[lr_scheduler] warmup_steps = -1 must be >= 0"),
-    (Case(T, 1, "cli", [["metrics", "log_freq", "0"]]), "clean", "[metrics] log_freq = 0 must be >= 1"),
+    (
+        Case(T, 1, "cli", [["optimizer", "name", "SGD"]]),
+        "clean",
+        "[optimizer] name = 'SGD' is not valid; choose one of ['Adam', 'AdamW']",
+    ),
+    (
+        Case(T, 1, "cli", [["optimizer", "beta1", "1.5"]]),
+        "clean",
+        "[optimizer] beta1 = 1.5 must be in [0, 1)",
+    ),
+    (
+        Case(T, 1, "cli", [["optimizer", "lr", "-0.001"]]),
+        "clean",
+        "[optimizer] lr = -0.001 must be a finite",
+    ),
+    (
+        Case(T, 1, "cli", [["lr_scheduler", "total_steps", "5"]]),
+        "clean",
+        "[lr_scheduler] total_steps = 5 is below [training] steps = 20",
+    ),
+    (
+        Case(T, 1, "cli", [["lr_scheduler", "warmup_steps", "-1"]]),
+        "clean",
+        "[lr_scheduler] warmup_steps = -1 must be >= 0",
+    ),
+    (
+        Case(T, 1, "cli", [["metrics", "log_freq", "0"]]),
+        "clean",
+        "[metrics] log_freq = 0 must be >= 1",
+    ),
     # --- odd but valid: accepted, and the trainer's early stages build
     (Case(C, 4, "cli", [["parallelism", "data_parallel_shard_degree", "-1"]]), "accepted", ""),
-    (Case(T, 1, "cli", [["boost", "rank_ratio", "0.1"], ["training", "steps", "1"]]), "accepted", ""),
-    (Case("debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_schedule", "gpipe"]]), "accepted", ""),
+    (
+        Case(T, 1, "cli", [["boost", "rank_ratio", "0.1"], ["training", "steps", "1"]]),
+        "accepted",
+        "",
+    ),
+    (
+        Case(
+            "debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_schedule", "gpipe"]]
+        ),
+        "accepted",
+        "",
+    ),
 ]
 
 _RUN = """
@@ -140,16 +336,28 @@ def outcomes(corpus_dir):
     from dataclasses import asdict
 
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN, str(REPO), json.dumps([asdict(c) for c, _, _ in FIXED]), str(SEED),
-         str(N_FUZZ)],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        [
+            sys.executable,
+            "-c",
+            _RUN,
+            str(REPO),
+            json.dumps([asdict(c) for c, _, _ in FIXED]),
+            str(SEED),
+            str(N_FUZZ),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
-@pytest.mark.parametrize("i", range(len(FIXED)), ids=[c.describe().split(" ", 1)[1][:80] for c, _, _ in FIXED])
+@pytest.mark.parametrize(
+    "i", range(len(FIXED)), ids=[c.describe().split(" ", 1)[1][:80] for c, _, _ in FIXED]
+)
 def test_fixed_case(outcomes, i):
     case, category, message = FIXED[i]
     got_category, detail, described = outcomes[i]
@@ -158,7 +366,7 @@ def test_fixed_case(outcomes, i):
 
 
 def test_seeded_fuzz_has_no_bugs(outcomes):
-    fuzz = outcomes[len(FIXED):]
+    fuzz = outcomes[len(FIXED) :]
     assert len(fuzz) == N_FUZZ
     bugs = [f"{d}\n  -> {detail}" for cat, detail, d in fuzz if cat == "bug"]
     assert not bugs, "\n".join(bugs)
@@ -171,10 +379,24 @@ def test_accepted_unusual_config_runs(corpus_dir, tmp_path):
     rank, gradient accumulation (global batch 2 x local) and a short sequence: accepted
     at parse time, and it trains."""
     run = run_training(
-        "debug_cola_btp_tp2.toml", 2, tmp_path / "dump",
-        "--parallelism.data_parallel_shard_degree", "-1", "--boost.kv_rank", "32",
-        "--training.local_batch_size", "2", "--training.global_batch_size", "4",
-        "--training.seq_len", "64", "--training.steps", "1", "--validation.no-enable",
-        "--metrics.no-enable-tensorboard", "--lr_scheduler.warmup_steps", "0",
+        "debug_cola_btp_tp2.toml",
+        2,
+        tmp_path / "dump",
+        "--parallelism.data_parallel_shard_degree",
+        "-1",
+        "--boost.kv_rank",
+        "32",
+        "--training.local_batch_size",
+        "2",
+        "--training.global_batch_size",
+        "4",
+        "--training.seq_len",
+        "64",
+        "--training.steps",
+        "1",
+        "--validation.no-enable",
+        "--metrics.no-enable-tensorboard",
+        "--lr_scheduler.warmup_steps",
+        "0",
     )
     assert run.losses(0) and all(x == x for x in run.losses(0)), run.output[-3000:]

@@ -48,7 +48,9 @@ def test_manifest_layout(corpus_dir):
     assert m["train"]["bytes"] > 25_000_000
     assert 3.0 < m["validation"]["bytes_per_token"] < 5.0
     assert set(m["content_hashes"]) == {"train_texts", "validation_texts", "tokenizer_json"}
-    assert m["content_hashes"]["tokenizer_json"] == fetch.sha256_file(corpus_dir / "tokenizer" / "tokenizer.json")
+    assert m["content_hashes"]["tokenizer_json"] == fetch.sha256_file(
+        corpus_dir / "tokenizer" / "tokenizer.json"
+    )
     assert "_built_now" not in m
     assert manifest.corpus_is_ready(corpus_dir)
     assert manifest.corpus_is_ready(corpus_dir, tokenizer.DEFAULT_VOCAB_SIZE)
@@ -107,8 +109,13 @@ def test_second_call_does_no_work(corpus_dir, monkeypatch, caplog):
     def boom(*args, **kwargs):
         raise AssertionError("build work done on an up-to-date corpus")
 
-    for module, name in ((fetch, "fetch_artifact"), (fetch, "download_artifact"), (tokenizer, "train_tokenizer"),
-                         (loaders, "load_source"), (build, "_build_into")):
+    for module, name in (
+        (fetch, "fetch_artifact"),
+        (fetch, "download_artifact"),
+        (tokenizer, "train_tokenizer"),
+        (loaders, "load_source"),
+        (build, "_build_into"),
+    ):
         monkeypatch.setattr(module, name, boom)
     caplog.set_level(logging.INFO, logger=build.logger.name)
     t0 = time.perf_counter()
@@ -127,9 +134,12 @@ def test_build_is_deterministic(corpus_dir, tmp_path):
     ref = _manifest(corpus_dir)
     assert m["content_hashes"] == ref["content_hashes"]
     assert (out / "tokenizer" / "tokenizer.json").read_bytes() == (
-        corpus_dir / "tokenizer" / "tokenizer.json").read_bytes()
+        corpus_dir / "tokenizer" / "tokenizer.json"
+    ).read_bytes()
     assert _manifest(out)["content_hashes"] == ref["content_hashes"]
-    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name) == []
+    assert (
+        sorted(p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name) == []
+    )
 
 
 def test_sha256_mismatch_raises_and_leaves_nothing(corpus_dir, tmp_path, monkeypatch):
@@ -139,7 +149,9 @@ def test_sha256_mismatch_raises_and_leaves_nothing(corpus_dir, tmp_path, monkeyp
         shutil.copyfile(CACHE_DIR / src.filename, cache / src.filename)
     name = "kjv"
     bad = "0" * 64
-    monkeypatch.setitem(sources.SOURCES, name, dataclasses.replace(sources.SOURCES[name], sha256=bad))
+    monkeypatch.setitem(
+        sources.SOURCES, name, dataclasses.replace(sources.SOURCES[name], sha256=bad)
+    )
 
     def no_download(*args, **kwargs):
         raise AssertionError("cached artifact should be verified, not re-downloaded")
@@ -157,23 +169,35 @@ def test_sha256_mismatch_raises_and_leaves_nothing(corpus_dir, tmp_path, monkeyp
 
 
 def test_cli_info(corpus_dir):
-    proc = subprocess.run([sys.executable, "-m", "boost_titan.data", "info", "--out", str(corpus_dir)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "boost_titan.data", "info", "--out", str(corpus_dir)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "bytes/token" in proc.stdout and "kjv" in proc.stdout
 
 
 def test_brown_detokenize():
-    tagged = ("``/`` Only/rb a/at handful/nn ''/'' ,/, the/at jury/nn said/vbd ;/. ;/. "
-              "(/( see/vb 1-1/2/cd )/) it's/pps+bez done/vbn ?/. ?/.")
-    assert loaders.brown_detokenize(tagged) == '"Only a handful", the jury said; (see 1-1/2) it\'s done?'
+    tagged = (
+        "``/`` Only/rb a/at handful/nn ''/'' ,/, the/at jury/nn said/vbd ;/. ;/. "
+        "(/( see/vb 1-1/2/cd )/) it's/pps+bez done/vbn ?/. ?/."
+    )
+    assert (
+        loaders.brown_detokenize(tagged)
+        == '"Only a handful", the jury said; (see 1-1/2) it\'s done?'
+    )
 
 
 def test_clean_text():
     raw = "\ufeffTitle  \r\n\r\n\r\n\r\n\r\nBody\x07 text\t \rend\n\n\n\n\n\n"
     assert clean.clean_text(raw) == "Title\n\n\nBody text\nend"
-    gut = ("junk\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\nreal text\n"
-           "*** END OF THE PROJECT GUTENBERG EBOOK X ***\nlicense")
+    gut = (
+        "junk\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\nreal text\n"
+        "*** END OF THE PROJECT GUTENBERG EBOOK X ***\nlicense"
+    )
     assert clean.clean_text(gut) == "real text"
 
 

@@ -25,7 +25,10 @@ pytestmark = pytest.mark.skipif(
 def run_fresh(code: str) -> dict:
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])

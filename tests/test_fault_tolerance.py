@@ -23,17 +23,26 @@ import shutil
 
 import pytest
 import torch
+from helpers import run_training
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from helpers import run_training
 from boost_titan.fault import parse_injections, quarantine_incomplete_checkpoints
 
 CONFIG = "debug_cola_btp_tp2.toml"
-BASE = ("--checkpoint.enable", "--training.steps", "8", "--validation.no-enable",
-        "--training.mixed_precision_param", "float32")
+BASE = (
+    "--checkpoint.enable",
+    "--training.steps",
+    "8",
+    "--validation.no-enable",
+    "--training.mixed_precision_param",
+    "float32",
+)
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
-              pytest.mark.filterwarnings("ignore:torch.distributed is unavailable:UserWarning")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+    pytest.mark.filterwarnings("ignore:torch.distributed is unavailable:UserWarning"),
+]
 
 
 def _injected(monkeypatch, spec: str) -> None:
@@ -51,6 +60,7 @@ def _state(step_dir) -> dict[str, object]:
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
         else:
             flat[prefix] = obj
+
     walk("", _load_state_dict_from_keys(checkpoint_id=str(step_dir)))
     return flat
 
@@ -74,8 +84,9 @@ SKIPPED = ("dataloader", "train_state")
 @pytest.fixture(scope="module")
 def reference(corpus_dir, tmp_path_factory):
     """Uninterrupted: checkpoints after steps 2, 4, 6 and 8."""
-    run = run_training(CONFIG, 2, tmp_path_factory.mktemp("ft") / "ref", *BASE,
-                       "--checkpoint.interval", "2")
+    run = run_training(
+        CONFIG, 2, tmp_path_factory.mktemp("ft") / "ref", *BASE, "--checkpoint.interval", "2"
+    )
     assert sorted(run.loss[0]) == list(range(1, 9))
     return run
 
@@ -124,8 +135,11 @@ def test_cut_off_checkpoint_is_skipped_and_named(reference, tmp_path):
     shard = sorted((folder / "step-6").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
     run = run_training(CONFIG, 2, tmp_path / "cut", *BASE, "--checkpoint.interval", "2")
-    assert re.search(r"checkpoint \S+/step-6 is incomplete \(no \.metadata: its save was cut off\) "
-                     r"and will not be loaded; moved to \S+/step_6\.incomplete", run.output)
+    assert re.search(
+        r"checkpoint \S+/step-6 is incomplete \(no \.metadata: its save was cut off\) "
+        r"and will not be loaded; moved to \S+/step_6\.incomplete",
+        run.output,
+    )
     assert re.search(r"Loading the checkpoint from \S+/step-4\.", run.output)
     assert sorted(run.loss[0]) == [5, 6, 7, 8]
     assert (folder / "step_6.incomplete").is_dir() and (folder / "step-6" / ".metadata").is_file()
@@ -134,11 +148,14 @@ def test_cut_off_checkpoint_is_skipped_and_named(reference, tmp_path):
 
 def test_nan_loss_stops_naming_step_and_keeps_last_checkpoint(reference, tmp_path, monkeypatch):
     _injected(monkeypatch, "nan_loss@3")
-    run = run_training(CONFIG, 2, tmp_path / "nan", *BASE, "--checkpoint.interval", "2",
-                       expect_failure=True)
-    assert re.search(r"NonFiniteStepError: step 3: non-finite loss or gradients \(NaN/inf\); the "
-                     r"update was not applied and the run stops \(\[boost\] nan_policy = \"stop\"",
-                     run.output)
+    run = run_training(
+        CONFIG, 2, tmp_path / "nan", *BASE, "--checkpoint.interval", "2", expect_failure=True
+    )
+    assert re.search(
+        r"NonFiniteStepError: step 3: non-finite loss or gradients \(NaN/inf\); the "
+        r"update was not applied and the run stops \(\[boost\] nan_policy = \"stop\"",
+        run.output,
+    )
     assert re.search(r"Last checkpoint: \S+/step-2 \(untouched\)", run.output)
     folder = tmp_path / "nan" / "checkpoint"
     assert sorted(os.listdir(folder)) == ["step-2"]
@@ -148,15 +165,32 @@ def test_nan_loss_stops_naming_step_and_keeps_last_checkpoint(reference, tmp_pat
 def test_nan_skip_policy_skips_updates_then_stops_at_limit(reference, tmp_path, monkeypatch):
     # inf in one gradient on rank 1 only (the ranks must still agree), then NaN losses
     _injected(monkeypatch, "inf_grad@3:rank=1,nan_loss@5,nan_loss@6,nan_loss@7")
-    run = run_training(CONFIG, 2, tmp_path / "skip", *BASE, "--checkpoint.interval", "1",
-                       "--boost.nan_policy", "skip", "--boost.nan_max_consecutive_skips", "2",
-                       expect_failure=True)
+    run = run_training(
+        CONFIG,
+        2,
+        tmp_path / "skip",
+        *BASE,
+        "--checkpoint.interval",
+        "1",
+        "--boost.nan_policy",
+        "skip",
+        "--boost.nan_max_consecutive_skips",
+        "2",
+        expect_failure=True,
+    )
     assert "step 3: non-finite loss or gradients; update skipped (1 in a row, limit 2" in run.output
-    assert "step 6: non-finite loss or gradients; update skipped (2 in a row, limit 2; 3 skipped so far: [3, 5, 6])" in run.output
-    assert ("step 7: non-finite loss or gradients (NaN/inf); the update was not applied and the run "
-            "stops (3 non-finite steps in a row exceed [boost] nan_max_consecutive_skips = 2)") in run.output
+    assert (
+        "step 6: non-finite loss or gradients; update skipped (2 in a row, limit 2; 3 skipped so far: [3, 5, 6])"
+        in run.output
+    )
+    assert (
+        "step 7: non-finite loss or gradients (NaN/inf); the update was not applied and the run "
+        "stops (3 non-finite steps in a row exceed [boost] nan_max_consecutive_skips = 2)"
+    ) in run.output
     folder = tmp_path / "skip" / "checkpoint"
-    assert sorted(os.listdir(folder), key=lambda n: int(n.split("-")[1])) == [f"step-{i}" for i in range(1, 7)]
+    assert sorted(os.listdir(folder), key=lambda n: int(n.split("-")[1])) == [
+        f"step-{i}" for i in range(1, 7)
+    ]
     # steps 1-2 as the reference; a skipped step changes nothing: not a weight, not an
     # optimizer moment, not the LR schedule
     _assert_same_state(_ckpt(reference, 2), folder / "step-2")

@@ -5,30 +5,32 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from tp_sim import plan_fn, reference_model, run_parallel, small_args
 
 from boost_titan.comm_stats import CommCounter, _block_of
 from boost_titan.models.flavors import flavors_for
-from boost_titan.models.model import Transformer
-from boost_titan.models.model import _ATTENTION_OPS
+from boost_titan.models.model import _ATTENTION_OPS, Transformer
 from boost_titan.parallelize import apply_latent_checkpointing
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from tp_sim import plan_fn, reference_model, run_parallel, small_args
 
 
 def _btp_with(mode, every=1, keep="attention"):
     def apply(model, mesh):
         plan_fn("btp")(model, mesh)
         apply_latent_checkpointing(model, mode, every, keep=keep, plan="btp")
+
     return apply
 
 
-@pytest.mark.parametrize("arch,flavor,mode,every,keep", [
-    ("cola", "debugmodel", "both", 1, "attention"),
-    ("cola", "debugmodel", "both", 1, "none"),
-    ("lax", "debugmodel_gqa", "attention", 1, "attention"),
-    ("svd", "debugmodel", "mlp", 2, "attention"),
-])
+@pytest.mark.parametrize(
+    "arch,flavor,mode,every,keep",
+    [
+        ("cola", "debugmodel", "both", 1, "attention"),
+        ("cola", "debugmodel", "both", 1, "none"),
+        ("lax", "debugmodel_gqa", "attention", 1, "attention"),
+        ("svd", "debugmodel", "mlp", 2, "attention"),
+    ],
+)
 def test_latent_checkpoint_is_bitwise_and_adds_no_collective(arch, flavor, mode, every, keep):
     args = small_args(flavors_for(arch)[flavor])
     ref = reference_model(args)
@@ -40,12 +42,16 @@ def test_latent_checkpoint_is_bitwise_and_adds_no_collective(arch, flavor, mode,
     assert torch.equal(base[0], ckpt[0])
     for name in base[1]:
         assert torch.equal(base[1][name], ckpt[1][name]), name
+
     # the same collectives in the same order, in the same block; in backward the
     # innermost-module label is ModTracker's guess among the modules whose backward
     # is pending (LaX: w1 vs w2 cross gates can swap), so blocks are compared there
     def records(run, phase):
-        return [(r.op, r.numel, r.module if phase == "forward" else _block_of(r.module))
-                for r in run[2].records if r.phase == phase]
+        return [
+            (r.op, r.numel, r.module if phase == "forward" else _block_of(r.module))
+            for r in run[2].records
+            if r.phase == phase
+        ]
 
     for phase in ("forward", "backward"):
         assert records(ckpt, phase) == records(base, phase), phase
@@ -55,7 +61,9 @@ def _saved_bytes(model, tokens) -> int:
     """Activation bytes autograd keeps for backward (parameters and buffers it saves
     are references, not memory)."""
     total = 0
-    owned = {p.untyped_storage().data_ptr() for p in list(model.parameters()) + list(model.buffers())}
+    owned = {
+        p.untyped_storage().data_ptr() for p in list(model.parameters()) + list(model.buffers())
+    }
 
     def pack(t):
         nonlocal total
@@ -82,7 +90,9 @@ def test_latent_checkpoint_saves_activation_memory():
         saved[mode] = _saved_bytes(model, tokens)
     assert saved["attention"] < saved["none"] and saved["mlp"] < saved["none"]
     # both = the savings of the two added up (the chunks are disjoint)
-    assert saved["none"] - saved["both"] == (saved["none"] - saved["attention"]) + (saved["none"] - saved["mlp"])
+    assert saved["none"] - saved["both"] == (saved["none"] - saved["attention"]) + (
+        saved["none"] - saved["mlp"]
+    )
     # what a block still keeps: its residual stream (x, h: 2d) and latents (~3 copies
     # of 7r: reduced, scaled, activated) and per-token norm statistics -- well under
     # half of what checkpointing freed
@@ -119,12 +129,15 @@ def test_latent_checkpoint_keep_attention_skips_its_recompute(keep, recomputed):
     assert checkpointed >= 2 and counter.calls == recomputed * checkpointed
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(mode="both", plan="vanilla"), "tp_plan 'vanilla' communicates inside its chunks"),
-    (dict(mode="mlp", plan="btp", norm_mode="sync"), "rmsnorm = 'sync'"),
-    (dict(mode="attention", torchtitan_ac="full"), "mode = 'full' is also set"),
-    (dict(mode="both", keep="outputs"), "latent_checkpoint_keep = 'outputs' is not valid"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(mode="both", plan="vanilla"), "tp_plan 'vanilla' communicates inside its chunks"),
+        (dict(mode="mlp", plan="btp", norm_mode="sync"), "rmsnorm = 'sync'"),
+        (dict(mode="attention", torchtitan_ac="full"), "mode = 'full' is also set"),
+        (dict(mode="both", keep="outputs"), "latent_checkpoint_keep = 'outputs' is not valid"),
+    ],
+)
 def test_latent_checkpoint_bad_combinations(kwargs, message):
     args = flavors_for("cola")["debugmodel"]
     with torch.device("meta"):

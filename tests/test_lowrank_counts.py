@@ -35,8 +35,11 @@ PAPER_SHAPES = {
 }
 # paper, tied embeddings, billions (2 decimals): dense, CoLA
 PAPER_PARAMS_B = {
-    "1b": (1.28, 0.54), "3b": (3.27, 1.35), "7b": (6.61, 2.69),
-    "13b": (12.85, 5.17), "30b": (29.40, 11.78),
+    "1b": (1.28, 0.54),
+    "3b": (3.27, 1.35),
+    "7b": (6.61, 2.69),
+    "13b": (12.85, 5.17),
+    "30b": (29.40, 11.78),
 }
 
 
@@ -56,8 +59,15 @@ def shapes(a):
         rkv = a.kv_rank
     else:
         rkv = r if kv == h else min(r, kv_dim // 2)
-    return [(d, d, r), (d, kv_dim, rkv), (d, kv_dim, rkv), (d, d, r),
-            (d, f, r), (d, f, r), (f, d, r)]
+    return [
+        (d, d, r),
+        (d, kv_dim, rkv),
+        (d, kv_dim, rkv),
+        (d, d, r),
+        (d, f, r),
+        (d, f, r),
+        (f, d, r),
+    ]
 
 
 def gate_params(r, kind):
@@ -129,8 +139,14 @@ def test_flavor_shapes_follow_the_paper(arch, name):
     assert a.arch == arch
     if name in PAPER_SHAPES:
         L, d, h, kv, f, r, V = PAPER_SHAPES[name]
-        assert (a.n_layers, a.dim, a.n_heads, a.n_kv_heads or a.n_heads, a.ffn_dim, a.vocab_size) == (
-            L, d, h, kv, f, V)
+        assert (
+            a.n_layers,
+            a.dim,
+            a.n_heads,
+            a.n_kv_heads or a.n_heads,
+            a.ffn_dim,
+            a.vocab_size,
+        ) == (L, d, h, kv, f, V)
         assert a.rope_theta == 10000.0
         if arch != "dense":
             assert a.rank == r

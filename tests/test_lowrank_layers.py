@@ -27,7 +27,9 @@ PROJ_ORDER = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")  # q k v o gate up down
 ATTN = ("wq", "wk", "wv", "wo")
 
 
-def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, tol: float = TOL, what: str = ""):
+def assert_rel_close(
+    actual: torch.Tensor, expected: torch.Tensor, tol: float = TOL, what: str = ""
+):
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     err = (actual.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)
     assert err < tol, f"{what}: relative error {err:.3e} >= {tol:.0e}"
@@ -94,7 +96,9 @@ def ref_block(x, P, pre, a: LlamaArgs, freqs_cis, prev=None, gate=None):
             cp = full + "cross."
             z = ref_layernorm(
                 z + ref_gate(prev[name], P, cp, gate),
-                P[cp + "norm.weight"], P[cp + "norm.bias"], a.lax_norm_eps,
+                P[cp + "norm.weight"],
+                P[cp + "norm.bias"],
+                a.lax_norm_eps,
             )
         z = ref_act(z, act)
         lat[name] = z
@@ -116,8 +120,9 @@ def ref_transformer(tokens, P, a: LlamaArgs, freqs_cis):
     prev = None
     for i in range(a.n_layers):
         lax_cross = a.arch == "lax" and i > 0
-        h, lat = ref_block(h, P, f"layers.{i}.", a, freqs_cis,
-                           prev=prev if lax_cross else None, gate=a.lax_gate)
+        h, lat = ref_block(
+            h, P, f"layers.{i}.", a, freqs_cis, prev=prev if lax_cross else None, gate=a.lax_gate
+        )
         prev = lat
     h = ref_rmsnorm(h, P["norm.weight"], a.norm_eps)
     return h @ P["output.weight"].t()
@@ -125,8 +130,18 @@ def ref_transformer(tokens, P, a: LlamaArgs, freqs_cis):
 
 # ----------------------------------------------------------------------------- helpers
 def small_args(arch="cola", n_kv_heads=None, **kw) -> LlamaArgs:
-    base = dict(dim=64, n_layers=1, n_heads=4, n_kv_heads=n_kv_heads, vocab_size=97,
-                ffn_dim=96, rank=24, max_seq_len=32, norm_eps=1e-6, arch=arch)
+    base = dict(
+        dim=64,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        vocab_size=97,
+        ffn_dim=96,
+        rank=24,
+        max_seq_len=32,
+        norm_eps=1e-6,
+        arch=arch,
+    )
     base.update(kw)
     return LlamaArgs(**base)
 
@@ -186,8 +201,12 @@ def test_bottleneck_with_crossing_matches_reference():
             layer.cross.norm.bias.normal_(0, 0.3)
         x, prev = torch.randn(2, 5, 40), torch.randn(2, 5, r)
         P = {n: p.detach() for n, p in layer.named_parameters()}
-        z = ref_layernorm(x @ P["down.weight"].t() + ref_gate(prev, P, "cross.", gate),
-                          P["cross.norm.weight"], P["cross.norm.bias"], 1e-6)
+        z = ref_layernorm(
+            x @ P["down.weight"].t() + ref_gate(prev, P, "cross.", gate),
+            P["cross.norm.weight"],
+            P["cross.norm.bias"],
+            1e-6,
+        )
         expected = ref_act(z, "silu") @ P["up.weight"].t()
         assert_rel_close(layer(x, prev).detach(), expected, what=f"crossing {gate}")
 
@@ -245,11 +264,15 @@ def test_lowrank_block_matches_reference(arch, swiglu, n_kv_heads):
 
     assert_rel_close(outs[True], outs[False], what="grouped vs ungrouped forward")
     for n in grads[True]:
-        assert_rel_close(grads[True][n], grads[False][n], tol=3e-5, what=f"grouped vs ungrouped grad {n}")
+        assert_rel_close(
+            grads[True][n], grads[False][n], tol=3e-5, what=f"grouped vs ungrouped grad {n}"
+        )
 
 
 def test_block_parameters_do_not_depend_on_grouping():
-    sd = {g: build(small_args("cola", 2, group_linears=g), seed=5).state_dict() for g in (True, False)}
+    sd = {
+        g: build(small_args("cola", 2, group_linears=g), seed=5).state_dict() for g in (True, False)
+    }
     assert list(sd[True]) == list(sd[False])
     for k in sd[True]:
         assert torch.equal(sd[True][k], sd[False][k]), k
@@ -331,7 +354,7 @@ def test_cola_init_statistics():
     layer = Bottleneck(din, dout, r, "silu")
     layer.init_weights()
     A, B = layer.down.weight.detach().double(), layer.up.weight.detach().double()
-    std = r ** -0.25 * (din + dout) ** -0.25
+    std = r**-0.25 * (din + dout) ** -0.25
     assert abs(A.std().item() / std - 1) < 0.01
     assert abs(B.std().item() / std - 1) < 0.01
     assert abs(A.mean().item()) < 0.01 * std and abs(B.mean().item()) < 0.01 * std
@@ -398,8 +421,13 @@ def test_bad_boost_choice_raises_with_valid_choices(field, value, valid):
 
 @pytest.mark.parametrize(
     "kw,match",
-    [({"rank": -1}, "rank"), ({"kv_rank": -2}, "kv_rank"), ({"rank_ratio": 1.5}, "rank_ratio"),
-     ({"rank_ratio": -0.1}, "rank_ratio"), ({"rank": 32, "rank_ratio": 0.25}, "rank")],
+    [
+        ({"rank": -1}, "rank"),
+        ({"kv_rank": -2}, "kv_rank"),
+        ({"rank_ratio": 1.5}, "rank_ratio"),
+        ({"rank_ratio": -0.1}, "rank_ratio"),
+        ({"rank": 32, "rank_ratio": 0.25}, "rank"),
+    ],
 )
 def test_bad_boost_numbers_raise(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -416,8 +444,11 @@ def fake_job(boost: Boost | None, seq_len=48, hf_assets_path="") -> SimpleNamesp
 
 def test_update_from_config_overrides():
     a = small_args("cola", 2)
-    a.update_from_config(fake_job(Boost(rank=32, kv_rank=8, lax_gate="dense",
-                                        group_linears=False, latent_act="none")))
+    a.update_from_config(
+        fake_job(
+            Boost(rank=32, kv_rank=8, lax_gate="dense", group_linears=False, latent_act="none")
+        )
+    )
     assert (a.max_seq_len, a.rank, a.kv_rank, a.effective_kv_rank) == (48, 32, 8, 8)
     assert (a.lax_gate, a.group_linears, a.activation) == ("dense", False, "none")
     m = Transformer(a)
@@ -451,9 +482,15 @@ def test_update_from_config_rejects_bad_values():
 
 
 def test_update_from_config_checks_tokenizer_vocab(tmp_path):
-    tok = {"model": {"vocab": {f"t{i}": i for i in range(100)}},
-           "added_tokens": [{"id": 120, "content": "<eos>"}]}
+    tok = {
+        "model": {"vocab": {f"t{i}": i for i in range(100)}},
+        "added_tokens": [{"id": 120, "content": "<eos>"}],
+    }
     (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ValueError, match="121"):
-        small_args("cola", vocab_size=97).update_from_config(fake_job(Boost(), hf_assets_path=str(tmp_path)))
-    small_args("cola", vocab_size=121).update_from_config(fake_job(Boost(), hf_assets_path=str(tmp_path)))
+        small_args("cola", vocab_size=97).update_from_config(
+            fake_job(Boost(), hf_assets_path=str(tmp_path))
+        )
+    small_args("cola", vocab_size=121).update_from_config(
+        fake_job(Boost(), hf_assets_path=str(tmp_path))
+    )

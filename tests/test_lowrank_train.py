@@ -27,7 +27,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers import run_training
 
 FAST = ("--validation.no-enable", "--metrics.no-enable-tensorboard")
@@ -58,8 +57,10 @@ def _check_decrease_20(losses: list[float], arch: str) -> None:
 def test_single_process_20_steps(arch, corpus_dir, tmp_path):
     run = run_training(f"debug_{arch}.toml", 1, tmp_path / arch, *FAST)
     losses = run.losses(0)
-    print(f"\n{arch} 1 process, 20 steps: first {losses[0]:.4f} last {losses[-1]:.4f} "
-          f"mean(last 3) {sum(losses[-3:]) / 3:.4f}")
+    print(
+        f"\n{arch} 1 process, 20 steps: first {losses[0]:.4f} last {losses[-1]:.4f} "
+        f"mean(last 3) {sum(losses[-3:]) / 3:.4f}"
+    )
     _check_decrease_20(losses, arch)
 
 
@@ -69,8 +70,13 @@ def lax_seed(corpus_dir, tmp_path_factory) -> Path:
     """A torchtitan seed checkpoint of debug_lax (one process, saves step-0)."""
     dump = tmp_path_factory.mktemp("lax_seed")
     run = run_training(
-        "debug_lax.toml", 1, dump, *FAST, *FP32,
-        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+        "debug_lax.toml",
+        1,
+        dump,
+        *FAST,
+        *FP32,
+        "--checkpoint.enable",
+        "--checkpoint.create_seed_checkpoint",
     )
     assert "Created seed checkpoint" in run.output
     assert not run.loss  # no training step ran
@@ -80,8 +86,12 @@ def lax_seed(corpus_dir, tmp_path_factory) -> Path:
 
 
 def _load_seed(seed: Path) -> tuple[str, ...]:
-    return ("--checkpoint.enable", "--checkpoint.load_only",
-            "--checkpoint.initial_load_path", str(seed))
+    return (
+        "--checkpoint.enable",
+        "--checkpoint.load_only",
+        "--checkpoint.initial_load_path",
+        str(seed),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,15 +106,23 @@ def lax_single(lax_seed, tmp_path_factory):
 
 def test_lax_single_process_20_steps(lax_single):
     losses = lax_single.losses(0)
-    print(f"\nlax 1 process, 20 steps: first {losses[0]:.4f} last {losses[-1]:.4f} "
-          f"mean(last 3) {sum(losses[-3:]) / 3:.4f}")
+    print(
+        f"\nlax 1 process, 20 steps: first {losses[0]:.4f} last {losses[-1]:.4f} "
+        f"mean(last 3) {sum(losses[-3:]) / 3:.4f}"
+    )
     _check_decrease_20(losses, "lax")
 
 
 def test_lax_pp2_matches_single_process(lax_seed, lax_single, tmp_path):
     run = run_training(
-        "debug_lax_pp2.toml", 2, tmp_path / "pp2", *FAST, *FP32, *_load_seed(lax_seed),
-        "--training.steps", "5",
+        "debug_lax_pp2.toml",
+        2,
+        tmp_path / "pp2",
+        *FAST,
+        *FP32,
+        *_load_seed(lax_seed),
+        "--training.steps",
+        "5",
     )
     for rank in (0, 1):
         assert f"[rank{rank}]" in run.output
@@ -127,7 +145,9 @@ def test_lax_pp2_matches_single_process(lax_seed, lax_single, tmp_path):
 # ----------------------------------------------------------------------------- FSDP2
 @pytest.mark.parametrize("arch", ["svd", "cola", "lax"])
 def test_fsdp2_two_ranks_loss_decreases(arch, corpus_dir, tmp_path):
-    run = run_training(f"debug_{arch}_fsdp2.toml", 2, tmp_path / arch, *FAST, "--training.steps", "8")
+    run = run_training(
+        f"debug_{arch}_fsdp2.toml", 2, tmp_path / arch, *FAST, "--training.steps", "8"
+    )
     l0, l1 = run.losses(0), run.losses(1)
     assert len(l0) == len(l1) == 8
     assert l0 == l1  # the logged loss is the global mean: identical on both ranks

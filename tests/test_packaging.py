@@ -30,7 +30,8 @@ def _copy_project(dst: Path) -> None:
         if f.is_file():
             shutil.copy2(f, dst / f.name)
     shutil.copytree(
-        REPO_ROOT / "boost_titan", dst / "boost_titan",
+        REPO_ROOT / "boost_titan",
+        dst / "boost_titan",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
 
@@ -40,9 +41,22 @@ def test_wheel_contains_every_subpackage(tmp_path):
     src.mkdir()
     _copy_project(src)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--no-index", str(src), "-w", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            str(src),
+            "-w",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     wheels = list(out.glob("boost_titan-*.whl"))

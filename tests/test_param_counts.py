@@ -60,7 +60,9 @@ def _meta_model(args):
 
 
 def test_dense_flavor_table_is_not_empty():
-    assert {"debugmodel", "60m", "130m", "350m", "1b", "3b", "7b", "13b", "30b", "34b"} <= set(DENSE)
+    assert {"debugmodel", "60m", "130m", "350m", "1b", "3b", "7b", "13b", "30b", "34b"} <= set(
+        DENSE
+    )
 
 
 @pytest.mark.parametrize("flavor", sorted(DENSE))

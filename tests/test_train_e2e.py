@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO_ROOT, TrainRun, run_training
 
 pytestmark = pytest.mark.slow
@@ -60,11 +59,16 @@ def printed(run: TrainRun, step: int, key: str) -> set[str]:
 def tp2_run(corpus_dir, tmp_path_factory) -> TrainRun:
     dump = tmp_path_factory.mktemp("tp2_a")
     return run_training(
-        TP2, 2, dump,
-        "--training.steps", str(TP2_STEPS),
+        TP2,
+        2,
+        dump,
+        "--training.steps",
+        str(TP2_STEPS),
         "--checkpoint.enable",
-        "--checkpoint.interval", str(CKPT_STEP),
-        "--checkpoint.keep_latest_k", "0",
+        "--checkpoint.interval",
+        str(CKPT_STEP),
+        "--checkpoint.keep_latest_k",
+        "0",
     )
 
 
@@ -86,7 +90,9 @@ def test_default_run_is_reproducible(tp2_run, tmp_path):
     """Configs set [debug] seed: a second launch of the README's default run prints
     the same losses and grad norms (steps 1-4: inside warm-up, where the LR does not
     depend on the run's length)."""
-    again = run_training(TP2, 2, tmp_path / "again", "--training.steps", "4", "--validation.no-enable")
+    again = run_training(
+        TP2, 2, tmp_path / "again", "--training.steps", "4", "--validation.no-enable"
+    )
     for rank in (0, 1):
         for step in (1, 2, 3, 4):
             assert again.loss[rank][step] == tp2_run.loss[rank][step], (rank, step)
@@ -143,15 +149,20 @@ def test_checkpoint_resume_is_bit_exact(tp2_run, tmp_path):
     dump_b = tmp_path / "tp2_b"
     shutil.copytree(ckpt / f"step-{CKPT_STEP}", dump_b / "checkpoint" / f"step-{CKPT_STEP}")
     run_b = run_training(
-        TP2, 2, dump_b,
-        "--training.steps", str(TP2_STEPS),
+        TP2,
+        2,
+        dump_b,
+        "--training.steps",
+        str(TP2_STEPS),
         "--checkpoint.enable",
         "--checkpoint.load_only",
         # torchtitan's validator streams on through its (uncheckpointed) dataloader:
         # a resumed run's first validation sees other batches than run A's step 20
         "--validation.no-enable",
     )
-    assert f"Loading the checkpoint from {dump_b / 'checkpoint' / f'step-{CKPT_STEP}'}" in run_b.output
+    assert (
+        f"Loading the checkpoint from {dump_b / 'checkpoint' / f'step-{CKPT_STEP}'}" in run_b.output
+    )
     resumed = list(range(CKPT_STEP + 1, TP2_STEPS + 1))
     for rank in (0, 1):
         assert sorted(run_b.loss[rank]) == resumed  # B trained steps 17-20 only
@@ -175,12 +186,19 @@ def test_checkpoint_resume_is_bit_exact(tp2_run, tmp_path):
 def test_fsdp2_trains_and_profiles(corpus_dir, tmp_path):
     """FSDP2 over 2 ranks, 4 steps; the CPU profiler writes chrome traces (steps 2, 4)."""
     run = run_training(
-        "debug_llama2_fsdp2.toml", 2, tmp_path,
-        "--training.steps", "4", *QUIET,
+        "debug_llama2_fsdp2.toml",
+        2,
+        tmp_path,
+        "--training.steps",
+        "4",
+        *QUIET,
         "--profiling.enable_profiling",
-        "--profiling.profile_freq", "2",
-        "--profiling.profiler_warmup", "1",
-        "--profiling.profiler_active", "1",
+        "--profiling.profile_freq",
+        "2",
+        "--profiling.profiler_warmup",
+        "1",
+        "--profiling.profiler_active",
+        "1",
     )
     assert sorted(run.loss) == [0, 1]
     for rank in (0, 1):
@@ -214,9 +232,7 @@ def test_pp2_trains(corpus_dir, tmp_path):
 
 
 def test_tp2_fsdp2_four_ranks_trains(corpus_dir, tmp_path):
-    run = run_training(
-        "debug_llama2_tp2_fsdp2.toml", 4, tmp_path, "--training.steps", "3", *QUIET
-    )
+    run = run_training("debug_llama2_tp2_fsdp2.toml", 4, tmp_path, "--training.steps", "3", *QUIET)
     assert sorted(run.loss) == [0, 1, 2, 3]
     ref = run.losses(0)
     assert len(ref) == 3 and all(math.isfinite(x) for x in ref)
@@ -263,7 +279,10 @@ def config_errors(corpus_dir, tmp_path_factory) -> list[str]:
     ]
     proc = subprocess.run(
         [sys.executable, "-u", "-c", _MAIN_CASES, json.dumps(cases)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -305,9 +324,13 @@ def test_unknown_toml_key_is_named(config_errors):
 def test_missing_corpus_says_how_to_build(corpus_dir, tmp_path):
     missing = tmp_path / "nonexistent"
     run = run_training(
-        "debug_llama2.toml", 1, tmp_path / "dump",
-        "--training.dataset", "boost_corpus",
-        "--training.dataset_path", str(missing),
+        "debug_llama2.toml",
+        1,
+        tmp_path / "dump",
+        "--training.dataset",
+        "boost_corpus",
+        "--training.dataset_path",
+        str(missing),
         expect_failure=True,
     )
     assert not run.loss
@@ -321,9 +344,17 @@ def test_validation_scores_the_same_batches_every_time(corpus_dir, tmp_path):
     """With the learning rate at 0 the model never changes, so every validation pass
     must report the same loss (torchtitan alone moves its validation stream on)."""
     run = run_training(
-        "debug_cola.toml", 1, tmp_path / "val",
-        "--training.steps", "4", "--validation.freq", "2",
-        "--optimizer.lr", "0", "--lr_scheduler.warmup_steps", "0",
+        "debug_cola.toml",
+        1,
+        tmp_path / "val",
+        "--training.steps",
+        "4",
+        "--validation.freq",
+        "2",
+        "--optimizer.lr",
+        "0",
+        "--lr_scheduler.warmup_steps",
+        "0",
     )
     val = run.val_loss[0]
     assert sorted(val) == [1, 2, 4]

@@ -99,5 +99,7 @@ def plan_fn(plan: str, loss_parallel: bool = False, norm_mode: str = "online"):
     return {
         "btp": lambda m, mesh: apply_btp(m, mesh, loss_parallel, norm_mode=norm_mode),
         "vanilla": lambda m, mesh: apply_vanilla(m, mesh, loss_parallel),
-        "fullrank": lambda m, mesh: apply_tp(m, mesh, loss_parallel, enable_float8_tensorwise_tp=False),
+        "fullrank": lambda m, mesh: apply_tp(
+            m, mesh, loss_parallel, enable_float8_tensorwise_tp=False
+        ),
     }[plan]

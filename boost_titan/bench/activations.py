@@ -47,15 +47,24 @@ def saved_activation_bytes(model, tokens, labels, loss_fn=lm_loss) -> int:
     def counting_contexts(policy):
         def counted(ctx, op, *args, **kwargs):
             decision = policy(ctx, op, *args, **kwargs)
-            if not ctx.is_recompute and decision in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
-                outputs = ctx.op_output if isinstance(ctx.op_output, (tuple, list)) else [ctx.op_output]
+            if not ctx.is_recompute and decision in (
+                CheckpointPolicy.MUST_SAVE,
+                CheckpointPolicy.PREFER_SAVE,
+            ):
+                outputs = (
+                    ctx.op_output if isinstance(ctx.op_output, (tuple, list)) else [ctx.op_output]
+                )
                 for t in outputs:
                     if isinstance(t, torch.Tensor):
                         pack(t)
             return decision
+
         return sac_contexts(counted)
 
-    with loss_parallel(), mock.patch.object(lowrank_model, "create_selective_checkpoint_contexts", counting_contexts):
+    with (
+        loss_parallel(),
+        mock.patch.object(lowrank_model, "create_selective_checkpoint_contexts", counting_contexts),
+    ):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = loss_fn(model(tokens), labels)
         loss.backward()

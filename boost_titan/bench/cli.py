@@ -38,45 +38,83 @@ import torch
 from boost_titan.bench.gemm import GEMM_DEFAULTS, gemm_bench
 from boost_titan.bench.report import charts, markdown, tensorboard
 from boost_titan.bench.stats import loss_mismatches, summarise
-from boost_titan.bench.variants import AC_VARIANTS, DEFAULT_VARIANTS, SMOKE, VARIANTS, Shape, with_compiled
+from boost_titan.bench.variants import (
+    AC_VARIANTS,
+    DEFAULT_VARIANTS,
+    SMOKE,
+    VARIANTS,
+    Shape,
+    with_compiled,
+)
 from boost_titan.bench.worker import worker
 
 TRAIN_DEFAULT_TP = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m boost_titan.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m boost_titan.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", default="outputs/bench")
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 timed steps per variant")
     # None = not given: the training benchmark and GEMM mode have different defaults
-    p.add_argument("--tp", type=int, default=None,
-                   help=f"TP degree = ranks (GPUs when visible); default {TRAIN_DEFAULT_TP}, "
-                        f"GEMM mode {GEMM_DEFAULTS['tp']}")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help=f"TP degree = ranks (GPUs when visible); default {TRAIN_DEFAULT_TP}, "
+        f"GEMM mode {GEMM_DEFAULTS['tp']}",
+    )
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
     p.add_argument("--steps", type=int, default=2, help="timed steps per variant per repetition")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per variant (they absorb compilation)")
-    p.add_argument("--comm-steps", type=int, default=1, help="instrumented steps for the comm share")
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed steps per variant (they absorb compilation)"
+    )
+    p.add_argument(
+        "--comm-steps", type=int, default=1, help="instrumented steps for the comm share"
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
-    p.add_argument("--malloc-cache", action="store_true",
-                   help="CPU: glibc malloc keeps freed memory (no mmap, no trim), as CUDA's caching "
-                        "allocator does, so a step's time holds no page faults; the RSS-rise column "
-                        "then reads only growth past the largest earlier step")
-    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                   help=f"comma list of {list(VARIANTS)}, or 'ac' for the checkpointing set")
-    p.add_argument("--compile", action="store_true",
-                   help="also run every variant torch.compile'd (blocks and loss), side by side with eager")
-    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile")
+    p.add_argument(
+        "--malloc-cache",
+        action="store_true",
+        help="CPU: glibc malloc keeps freed memory (no mmap, no trim), as CUDA's caching "
+        "allocator does, so a step's time holds no page faults; the RSS-rise column "
+        "then reads only growth past the largest earlier step",
+    )
+    p.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma list of {list(VARIANTS)}, or 'ac' for the checkpointing set",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also run every variant torch.compile'd (blocks and loss), side by side with eager",
+    )
+    p.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile backend for --compile"
+    )
     for k, v in Shape().__dict__.items():
         gemm = f", GEMM mode {GEMM_DEFAULTS[k]}" if k in GEMM_DEFAULTS else ""
-        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=None, help=f"default {v}{gemm}")
-    p.add_argument("--gemm", action="store_true",
-                   help="single-device GEMM mode: per-rank GEMMs of each plan at --flavor, --tp, --batch x --seq "
-                        "(default 7B, TP4, 4 x 4096)")
+        p.add_argument(
+            f"--{k.replace('_', '-')}", type=int, default=None, help=f"default {v}{gemm}"
+        )
+    p.add_argument(
+        "--gemm",
+        action="store_true",
+        help="single-device GEMM mode: per-rank GEMMs of each plan at --flavor, --tp, --batch x --seq "
+        "(default 7B, TP4, 4 x 4096)",
+    )
     p.add_argument("--flavor", default="7b")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--m-scale", type=float, default=1.0, help="GEMM mode: scale b*s (CPU: e.g. 0.03)")
-    p.add_argument("--gemm-seconds", type=float, default=0.5, help="GEMM mode: seconds timed per GEMM")
+    p.add_argument(
+        "--m-scale", type=float, default=1.0, help="GEMM mode: scale b*s (CPU: e.g. 0.03)"
+    )
+    p.add_argument(
+        "--gemm-seconds", type=float, default=0.5, help="GEMM mode: seconds timed per GEMM"
+    )
     return p
 
 
@@ -87,16 +125,23 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         if value is not None and value < 1:
             p.error(f"--{flag} must be >= 1, got {value}")
     if a.gemm:
-        ignored = [f"--{k.replace('_', '-')} {getattr(a, k)}" for k in Shape().__dict__
-                   if k not in GEMM_DEFAULTS and getattr(a, k) is not None]
+        ignored = [
+            f"--{k.replace('_', '-')} {getattr(a, k)}"
+            for k in Shape().__dict__
+            if k not in GEMM_DEFAULTS and getattr(a, k) is not None
+        ]
         if ignored:
-            p.error(f"GEMM mode takes its model shapes from --flavor ({a.flavor}); {', '.join(ignored)} "
-                    "only apply to the training benchmark")
+            p.error(
+                f"GEMM mode takes its model shapes from --flavor ({a.flavor}); {', '.join(ignored)} "
+                "only apply to the training benchmark"
+            )
         if a.compile:
             p.error("--compile applies to the training benchmark, not to GEMM mode (plain matmuls)")
         return
     if a.compile and a.warmup < 1:
-        p.error(f"--compile needs --warmup >= 1 (the first step compiles and must not be timed), got {a.warmup}")
+        p.error(
+            f"--compile needs --warmup >= 1 (the first step compiles and must not be timed), got {a.warmup}"
+        )
 
 
 def _world_size(p: argparse.ArgumentParser, tp: int) -> int:
@@ -110,18 +155,26 @@ def _world_size(p: argparse.ArgumentParser, tp: int) -> int:
 
 def _run_gemm(a: argparse.Namespace, out: Path) -> None:
     given = {k: getattr(a, k) for k in GEMM_DEFAULTS}
-    tp, batch, seq = ({**GEMM_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}[k]
-                      for k in ("tp", "batch", "seq"))
+    tp, batch, seq = (
+        {**GEMM_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}[k]
+        for k in ("tp", "batch", "seq")
+    )
     res = gemm_bench(a.flavor, tp, batch, seq, a.dtype, a.m_scale, a.gemm_seconds)
     res.update(batch=batch, seq=seq)
     (out / "gemm.json").write_text(json.dumps(res, indent=2))
-    print(f"{a.flavor} TP{tp}, m = {res['m']} tokens (batch {batch} x seq {seq} x m-scale {a.m_scale:g}), "
-          f"{a.dtype}, {res['device']}")
+    print(
+        f"{a.flavor} TP{tp}, m = {res['m']} tokens (batch {batch} x seq {seq} x m-scale {a.m_scale:g}), "
+        f"{a.dtype}, {res['device']}"
+    )
     for plan, r in res["plans"].items():
-        print(f"{plan:9s} block GEMMs {r['block_gemm_time_s'] * 1e3:8.2f} ms  {r['tflops']:.2f} TFLOP/s")
+        print(
+            f"{plan:9s} block GEMMs {r['block_gemm_time_s'] * 1e3:8.2f} ms  {r['tflops']:.2f} TFLOP/s"
+        )
 
 
-def _variant_names(p: argparse.ArgumentParser, a: argparse.Namespace, tp: int) -> tuple[list[str], dict[str, str]]:
+def _variant_names(
+    p: argparse.ArgumentParser, a: argparse.Namespace, tp: int
+) -> tuple[list[str], dict[str, str]]:
     """The variants to run, compiled twins included, and those refused compilation."""
     names = list(AC_VARIANTS) if a.variants == "ac" else [n.strip() for n in a.variants.split(",")]
     unknown = set(names) - set(VARIANTS)
@@ -144,26 +197,40 @@ def main(argv: list[str] | None = None) -> None:
         _run_gemm(a, out)
         return
 
-    shape = SMOKE if a.smoke else Shape(**{k: getattr(a, k) for k in Shape().__dict__ if getattr(a, k) is not None})
+    shape = (
+        SMOKE
+        if a.smoke
+        else Shape(**{k: getattr(a, k) for k in Shape().__dict__ if getattr(a, k) is not None})
+    )
     world = _world_size(p, a.tp or TRAIN_DEFAULT_TP)
     names, not_compiled = _variant_names(p, a, world)
     for n, why in not_compiled.items():
         print(f"--compile: {n!r} runs eager only: {why}")
     cfg = {
-        "shape": shape.__dict__, "variants": names, "threads": a.threads,
-        "reps": 1 if a.smoke else a.reps, "steps": 2 if a.smoke else a.steps,
-        "warmup": a.warmup, "comm_steps": a.comm_steps, "backend": a.compile_backend,
+        "shape": shape.__dict__,
+        "variants": names,
+        "threads": a.threads,
+        "reps": 1 if a.smoke else a.reps,
+        "steps": 2 if a.smoke else a.steps,
+        "warmup": a.warmup,
+        "comm_steps": a.comm_steps,
+        "backend": a.compile_backend,
         "init_method": f"file://{(out / '.rendezvous').resolve()}",
     }
     rendezvous = out / ".rendezvous"
     if rendezvous.exists():
         rendezvous.unlink()
     if a.malloc_cache:  # read by glibc when the spawned ranks start
-        os.environ["GLIBC_TUNABLES"] = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+        os.environ["GLIBC_TUNABLES"] = (
+            "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+        )
     torch.multiprocessing.spawn(worker, args=(world, cfg, str(out)), nprocs=world, join=True)
     raw = json.loads((out / "raw.json").read_text())
-    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available() else
-              f"CPU ({a.threads} thread/rank, gloo{', caching malloc' if a.malloc_cache else ''})")
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"CPU ({a.threads} thread/rank, gloo{', caching malloc' if a.malloc_cache else ''})"
+    )
     summary = summarise(raw, shape, world, device, a.compile_backend if a.compile else None)
     if not_compiled:
         summary["compile"]["not_compiled"] = not_compiled
@@ -176,4 +243,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {out}/results.json, results.md, step_time.png, comm_share.png, tb/")
     mismatches = loss_mismatches(summary)
     if mismatches:  # outputs are written first, so the numbers can be inspected
-        raise SystemExit("compiled first-step loss differs from eager:\n  " + "\n  ".join(mismatches))
+        raise SystemExit(
+            "compiled first-step loss differs from eager:\n  " + "\n  ".join(mismatches)
+        )

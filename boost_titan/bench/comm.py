@@ -22,7 +22,9 @@ from boost_titan.comm_stats import COLLECTIVES, CollectiveHook, CommCounter, pro
 class CommMeasurement:
     collectives_per_step: int = 0
     bytes_per_step: int = 0
-    step_times: list[float] = field(default_factory=list)  # wall time of each timed instrumented step
+    step_times: list[float] = field(
+        default_factory=list
+    )  # wall time of each timed instrumented step
     comm_times: list[float] = field(default_factory=list)  # time in collectives and waits during it
 
 
@@ -69,8 +71,11 @@ def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement
             train_step(model, opt, tokens, labels, loss_fn)
             sync(device)
             step_s = time.perf_counter() - t0
-        events = [e for e in prof.events() if profiler_op(e.name)
-                  and not (e.cpu_parent and profiler_op(e.cpu_parent.name))]
+        events = [
+            e
+            for e in prof.events()
+            if profiler_op(e.name) and not (e.cpu_parent and profiler_op(e.cpu_parent.name))
+        ]
         collectives = [e for e in events if profiler_op(e.name).startswith(COLLECTIVES)]
         if i == 0:
             res.collectives_per_step = len(collectives)
@@ -87,6 +92,8 @@ def _collective_bytes(event, world: int) -> int:
 
     dtype = event.input_dtypes[0]
     if dtype not in _DTYPE_BYTES:
-        raise ValueError(f"collective {event.name} on dtype {dtype!r}: add its size to _DTYPE_BYTES")
+        raise ValueError(
+            f"collective {event.name} on dtype {dtype!r}: add its size to _DTYPE_BYTES"
+        )
     nbytes = math.prod(event.input_shapes[0]) * _DTYPE_BYTES[dtype]
     return nbytes * world if "all_gather" in event.name else nbytes

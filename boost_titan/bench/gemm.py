@@ -10,7 +10,9 @@ import torch
 GEMM_DEFAULTS = {"tp": 4, "batch": 4, "seq": 4096}
 
 
-def gemm_bench(flavor: str, tp: int, batch: int, seq: int, dtype: str, m_scale: float, seconds: float) -> dict:
+def gemm_bench(
+    flavor: str, tp: int, batch: int, seq: int, dtype: str, m_scale: float, seconds: float
+) -> dict:
     """Single device: time each plan's per-rank forward GEMMs at a flavor's shapes."""
     from boost_titan.models.flavors import flavors_for
     from boost_titan.plan import PLANS, block_gemms
@@ -37,8 +39,14 @@ def gemm_bench(flavor: str, tp: int, batch: int, seq: int, dtype: str, m_scale: 
                 torch.cuda.synchronize()
             dt_s = (time.perf_counter() - t0) / n
             flops = 2 * gm.m * gm.k * gm.n
-            rows.append({"gemm": gm.name, "m": gm.m, "k": gm.k, "n": gm.n, "tflops": flops / dt_s / 1e12})
+            rows.append(
+                {"gemm": gm.name, "m": gm.m, "k": gm.k, "n": gm.n, "tflops": flops / dt_s / 1e12}
+            )
             total_flops += flops
             total_s += dt_s
-        out["plans"][plan] = {"gemms": rows, "block_gemm_time_s": total_s, "tflops": total_flops / total_s / 1e12}
+        out["plans"][plan] = {
+            "gemms": rows,
+            "block_gemm_time_s": total_s,
+            "tflops": total_flops / total_s / 1e12,
+        }
     return out

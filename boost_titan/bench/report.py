@@ -29,9 +29,15 @@ def markdown(summary: dict) -> str:
         lines += _compile_markdown(summary["compile"])
     for n, e in summary.get("checkpoint_efficiency", {}).items():
         per_rep = ", ".join(f"{d:+.0f}" for d in e["added_ms_per_rep"])
-        value = f"{e['mb_per_ms']:.2f} MB/ms" if e["mb_per_ms"] is not None else "no measurable added time"
-        lines.append(f"- {n}: saves {e['saved_mb']:.0f} MB of activations for {e['added_ms']:+.0f} ms "
-                     f"(median of per-repetition differences {per_rep}) = {value}")
+        value = (
+            f"{e['mb_per_ms']:.2f} MB/ms"
+            if e["mb_per_ms"] is not None
+            else "no measurable added time"
+        )
+        lines.append(
+            f"- {n}: saves {e['saved_mb']:.0f} MB of activations for {e['added_ms']:+.0f} ms "
+            f"(median of per-repetition differences {per_rep}) = {value}"
+        )
     for k, val in summary["ratios"].items():
         lines.append(f"- {k}: **{val:.2f}x**")
     return "\n".join(lines) + "\n"
@@ -54,14 +60,18 @@ def _compile_markdown(comp: dict) -> list[str]:
             f"| {c['eager_first_step_loss']:.5f} / {c['compiled_first_step_loss']:.5f} "
             f"({c['first_step_loss_rel_diff']:.1e}){flag} |"
         )
-    lines.append("\nCompiled rows' collectives are counted and timed under torch.profiler (torch.compile "
-                 "refuses the dispatch modes that count and time the eager rows').")
+    lines.append(
+        "\nCompiled rows' collectives are counted and timed under torch.profiler (torch.compile "
+        "refuses the dispatch modes that count and time the eager rows')."
+    )
     for n, why in comp.get("not_compiled", {}).items():
         lines.append(f"\n{n}: eager only; {why}")
     recompiled = [n for n, c in comp["variants"].items() if c["graphs_compiled_in_timed_steps"]]
     if recompiled:
-        lines.append(f"\nWarning: graphs were compiled during timed steps of {recompiled}; their step "
-                     "times include compilation (raise --warmup).")
+        lines.append(
+            f"\nWarning: graphs were compiled during timed steps of {recompiled}; their step "
+            "times include compilation (raise --warmup)."
+        )
     return lines + [""]
 
 
@@ -76,9 +86,13 @@ def charts(summary: dict, out: Path) -> None:
     height = max(3.5, 0.35 * len(names) + 1)  # --compile doubles the bars
     fig, ax = plt.subplots(figsize=(8, height))
     med = [v[n]["step_time_median_s"] for n in names]
-    err = [[med[i] - v[n]["step_time_min_s"] for i, n in enumerate(names)],
-           [v[n]["step_time_max_s"] - med[i] for i, n in enumerate(names)]]
-    ax.barh(names, med, xerr=err, color=["#2a9d8f" if n.startswith("btp") else "#e76f51" for n in names])
+    err = [
+        [med[i] - v[n]["step_time_min_s"] for i, n in enumerate(names)],
+        [v[n]["step_time_max_s"] - med[i] for i, n in enumerate(names)],
+    ]
+    ax.barh(
+        names, med, xerr=err, color=["#2a9d8f" if n.startswith("btp") else "#e76f51" for n in names]
+    )
     ax.set_xlabel("step time (s), median with min-max")
     ax.invert_yaxis()
     ax.set_title(f"TP{summary['tp']} training step, {summary['device']}")
@@ -89,7 +103,12 @@ def charts(summary: dict, out: Path) -> None:
     ax.barh(names, [v[n]["bytes_per_step"] / 2**20 for n in names], color="#457b9d")
     ax.set_xlabel("communication per step (MiB, counted)")
     for i, n in enumerate(names):
-        ax.text(v[n]["bytes_per_step"] / 2**20, i, f" {100 * v[n]['comm_share']:.0f}% of step time", va="center")
+        ax.text(
+            v[n]["bytes_per_step"] / 2**20,
+            i,
+            f" {100 * v[n]['comm_share']:.0f}% of step time",
+            va="center",
+        )
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(out / "comm_share.png", dpi=110)
@@ -102,7 +121,13 @@ def tensorboard(summary: dict, out: Path) -> None:
     w = SummaryWriter(str(out / "tb"))
     for n, v in summary["variants"].items():
         tag = slug(n)
-        for k in ("step_time_median_s", "tokens_per_s", "comm_share", "bytes_per_step", "peak_step_mem_mib"):
+        for k in (
+            "step_time_median_s",
+            "tokens_per_s",
+            "comm_share",
+            "bytes_per_step",
+            "peak_step_mem_mib",
+        ):
             w.add_scalar(f"{tag}/{k}", v[k], 0)
     for n, c in summary.get("compile", {}).get("variants", {}).items():
         w.add_scalar(f"{slug(compiled_name(n))}/compile_step_s", c["compile_step_s"], 0)

@@ -31,7 +31,9 @@ def summarise(raw: dict, shape: Shape, world: int, device: str, backend: str | N
             ratios.update(_efficiency_ratio(eff_c, COMPILED, "_compiled"))
         out["compile"] = _compile_summary(raw, v, backend)
         for n, c in out["compile"]["variants"].items():
-            ratios[f"{slug(n)}_compiled_vs_eager_tokens_per_s"] = c["compiled_vs_eager_tokens_per_s"]
+            ratios[f"{slug(n)}_compiled_vs_eager_tokens_per_s"] = c[
+                "compiled_vs_eager_tokens_per_s"
+            ]
     out["ratios"] = ratios
     return out
 
@@ -62,13 +64,19 @@ def _plan_ratios(v: dict, suffix: str, key_suffix: str) -> dict:
     ratios = {}
     if btp in v and vanilla in v:
         ratios["btp_vs_vanilla_tokens_per_s"] = v[btp]["tokens_per_s"] / v[vanilla]["tokens_per_s"]
-        ratios["vanilla_vs_btp_bytes"] = v[vanilla]["bytes_per_step"] / max(v[btp]["bytes_per_step"], 1)
+        ratios["vanilla_vs_btp_bytes"] = v[vanilla]["bytes_per_step"] / max(
+            v[btp]["bytes_per_step"], 1
+        )
     if btp in v and full in v:
         ratios["btp_vs_fullrank_tokens_per_s"] = v[btp]["tokens_per_s"] / v[full]["tokens_per_s"]
     if ungrouped in v:
-        ratios["grouping_speedup"] = v[ungrouped]["step_time_median_s"] / v[btp]["step_time_median_s"]
+        ratios["grouping_speedup"] = (
+            v[ungrouped]["step_time_median_s"] / v[btp]["step_time_median_s"]
+        )
     if sync in v:
-        ratios["online_vs_sync_speedup"] = v[sync]["step_time_median_s"] / v[btp]["step_time_median_s"]
+        ratios["online_vs_sync_speedup"] = (
+            v[sync]["step_time_median_s"] / v[btp]["step_time_median_s"]
+        )
     return {k + key_suffix: val for k, val in ratios.items()}
 
 
@@ -77,25 +85,40 @@ def _checkpoint_efficiency(v: dict, raw: dict, suffix: str) -> dict:
     added time is the median over repetitions of (AC variant - its base) within the
     repetition: the two ran back to back, so machine drift largely cancels."""
     eff = {}
-    for ac_name, base in (("btp latent-ckpt", "btp"), ("btp latent-ckpt recompute-attn", "btp"),
-                          ("btp full-ac", "btp"), ("vanilla full-ac", "vanilla")):
+    for ac_name, base in (
+        ("btp latent-ckpt", "btp"),
+        ("btp latent-ckpt recompute-attn", "btp"),
+        ("btp full-ac", "btp"),
+        ("vanilla full-ac", "vanilla"),
+    ):
         ac_name, base = ac_name + suffix, base + suffix
         if ac_name in v and base in v:
-            saved_mb = (v[base]["saved_activation_mib"] - v[ac_name]["saved_activation_mib"]) * 2**20 / 1e6
+            saved_mb = (
+                (v[base]["saved_activation_mib"] - v[ac_name]["saved_activation_mib"]) * 2**20 / 1e6
+            )
             paired = [a - b for a, b in zip(raw[ac_name]["rep_times"], raw[base]["rep_times"])]
             added_ms = 1e3 * statistics.median(paired)
-            eff[ac_name] = {"saved_mb": saved_mb, "added_ms": added_ms,
-                            "added_ms_per_rep": [1e3 * d for d in paired],
-                            # None: no added time measurable on this machine
-                            "mb_per_ms": saved_mb / added_ms if added_ms > 0 else None}
+            eff[ac_name] = {
+                "saved_mb": saved_mb,
+                "added_ms": added_ms,
+                "added_ms_per_rep": [1e3 * d for d in paired],
+                # None: no added time measurable on this machine
+                "mb_per_ms": saved_mb / added_ms if added_ms > 0 else None,
+            }
     return eff
 
 
 def _efficiency_ratio(eff: dict, suffix: str, key_suffix: str) -> dict:
     latent, full = "btp latent-ckpt" + suffix, "vanilla full-ac" + suffix
-    if latent in eff and full in eff and None not in (eff[latent]["mb_per_ms"], eff[full]["mb_per_ms"]):
-        return {"latent_ckpt_vs_vanilla_full_ac_efficiency" + key_suffix:
-                eff[latent]["mb_per_ms"] / eff[full]["mb_per_ms"]}
+    if (
+        latent in eff
+        and full in eff
+        and None not in (eff[latent]["mb_per_ms"], eff[full]["mb_per_ms"])
+    ):
+        return {
+            "latent_ckpt_vs_vanilla_full_ac_efficiency" + key_suffix: eff[latent]["mb_per_ms"]
+            / eff[full]["mb_per_ms"]
+        }
     return {}
 
 
@@ -119,8 +142,12 @@ def _compile_summary(raw: dict, v: dict, backend: str | None) -> dict:
             "loss_match": rel <= COMPILE_LOSS_RTOL,
             "graphs_compiled_in_timed_steps": raw[c]["graphs_compiled_in_timed_steps"],
         }
-    return {"backend": backend, "loss_rtol": COMPILE_LOSS_RTOL, "inductor_cache_dir": _inductor_cache_dir(),
-            "variants": rows}
+    return {
+        "backend": backend,
+        "loss_rtol": COMPILE_LOSS_RTOL,
+        "inductor_cache_dir": _inductor_cache_dir(),
+        "variants": rows,
+    }
 
 
 def _inductor_cache_dir() -> str:
@@ -135,9 +162,12 @@ def _inductor_cache_dir() -> str:
 def loss_mismatches(summary: dict) -> list[str]:
     """One line per compiled variant whose first-step loss is not its eager twin's."""
     rows = summary.get("compile", {}).get("variants", {})
-    return [f"{n}: eager {c['eager_first_step_loss']:.6f}, compiled {c['compiled_first_step_loss']:.6f} "
-            f"(relative difference {c['first_step_loss_rel_diff']:.2e} > {COMPILE_LOSS_RTOL:g})"
-            for n, c in rows.items() if not c["loss_match"]]
+    return [
+        f"{n}: eager {c['eager_first_step_loss']:.6f}, compiled {c['compiled_first_step_loss']:.6f} "
+        f"(relative difference {c['first_step_loss_rel_diff']:.2e} > {COMPILE_LOSS_RTOL:g})"
+        for n, c in rows.items()
+        if not c["loss_match"]
+    ]
 
 
 def slug(name: str) -> str:

@@ -23,8 +23,14 @@ VARIANTS = {
     "vanilla full-ac": ("cola", "vanilla", True, "online", "full"),
 }
 DEFAULT_VARIANTS = ("btp", "vanilla", "fullrank (dense twin)", "btp ungrouped", "btp sync-norm")
-AC_VARIANTS = ("btp", "btp latent-ckpt", "btp latent-ckpt recompute-attn", "btp full-ac", "vanilla",
-               "vanilla full-ac")
+AC_VARIANTS = (
+    "btp",
+    "btp latent-ckpt",
+    "btp latent-ckpt recompute-attn",
+    "btp full-ac",
+    "vanilla",
+    "vanilla full-ac",
+)
 COMPILED = " [compiled]"  # suffix of a variant's torch.compile'd twin
 
 
@@ -67,8 +73,10 @@ def compile_refusal(name: str, tp: int) -> str | None:
         compile=SimpleNamespace(enable=True, components=["model", "loss"]),
         parallelism=SimpleNamespace(tensor_parallel_degree=tp),
         activation_checkpoint=SimpleNamespace(mode="full" if ac == "full" else "none"),
-        boost=SimpleNamespace(latent_checkpoint="both" if latent else "none",
-                              latent_checkpoint_keep="none" if ac.endswith("recompute-attn") else "attention"),
+        boost=SimpleNamespace(
+            latent_checkpoint="both" if latent else "none",
+            latent_checkpoint_keep="none" if ac.endswith("recompute-attn") else "attention",
+        ),
     )
     try:
         check_compile_config(config)
@@ -102,9 +110,18 @@ def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inducto
     from boost_titan.tp_plans import apply_tp_plan
 
     arch, plan, grouped, norm, ac = VARIANTS[base_name(name)]
-    args = LlamaArgs(dim=shape.dim, n_layers=shape.n_layers, n_heads=shape.n_heads, ffn_dim=shape.ffn_dim,
-                     vocab_size=shape.vocab_size, max_seq_len=shape.seq, arch=arch,
-                     rank=shape.rank if arch != "dense" else 0, norm_eps=1e-6, group_linears=grouped)
+    args = LlamaArgs(
+        dim=shape.dim,
+        n_layers=shape.n_layers,
+        n_heads=shape.n_heads,
+        ffn_dim=shape.ffn_dim,
+        vocab_size=shape.vocab_size,
+        max_seq_len=shape.seq,
+        arch=arch,
+        rank=shape.rank if arch != "dense" else 0,
+        norm_eps=1e-6,
+        group_linears=grouped,
+    )
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(args)
@@ -120,7 +137,9 @@ def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inducto
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         for layer_id, block in list(model.layers.named_children()):
-            model.layers.register_module(layer_id, checkpoint_wrapper(block, preserve_rng_state=False))
+            model.layers.register_module(
+                layer_id, checkpoint_wrapper(block, preserve_rng_state=False)
+            )
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=device)
@@ -129,10 +148,13 @@ def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inducto
         from boost_titan.compile import apply_compile
 
         apply_compile(model, SimpleNamespace(backend=backend))
-        loss_fn = torch.compile(lm_loss, backend=backend)  # as torchtitan's build_cross_entropy_loss
+        loss_fn = torch.compile(
+            lm_loss, backend=backend
+        )  # as torchtitan's build_cross_entropy_loss
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     param_bytes = sum(
-        (p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in model.parameters()
+        (p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
+        for p in model.parameters()
     )
     return model, opt, param_bytes, loss_fn
 

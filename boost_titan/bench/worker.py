@@ -73,7 +73,9 @@ def worker(rank: int, world: int, cfg: dict, out_dir: str):
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(cfg["threads"])
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=cfg["init_method"], rank=rank, world_size=world)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=cfg["init_method"], rank=rank, world_size=world
+    )
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     mesh = init_device_mesh(device.type, (world,))
     shape = Shape(**cfg["shape"])
@@ -139,14 +141,18 @@ def _timed_steps(built, result: VariantResult, steps: int, tokens, labels, devic
     result.rep_times.append(statistics.mean(result.step_times[rep_start:]))
 
 
-
-def _instrumented_steps(built, result: VariantResult, comm_steps: int, tokens, labels, device) -> None:
+def _instrumented_steps(
+    built, result: VariantResult, comm_steps: int, tokens, labels, device
+) -> None:
     """Saved activations, collectives counted, and collectives timed, in steps that
     are not timed as training steps."""
     model, opt, _, loss_fn = built
     result.saved_activation_bytes = saved_activation_bytes(model, tokens, labels, loss_fn)
     opt.zero_grad(set_to_none=True)
     comm = measure_comm(built, is_compiled(result.name), comm_steps, tokens, labels, device)
-    result.collectives_per_step, result.bytes_per_step = comm.collectives_per_step, comm.bytes_per_step
+    result.collectives_per_step, result.bytes_per_step = (
+        comm.collectives_per_step,
+        comm.bytes_per_step,
+    )
     result.instrumented_step_times.extend(comm.step_times)
     result.comm_times.extend(comm.comm_times)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
-from boost_titan.config import LATENT_ACTS, LATENT_ACTIVATIONS, LAX_GATES
+from boost_titan.config import LATENT_ACTIVATIONS, LATENT_ACTS, LAX_GATES
 
 ARCHITECTURES = ("dense", "svd", "cola", "lax")
 
@@ -102,9 +102,7 @@ class LlamaArgs(BaseModelArgs):
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         if self.arch not in ARCHITECTURES:
-            raise ValueError(
-                f"unknown architecture {self.arch!r}; valid: {list(ARCHITECTURES)}"
-            )
+            raise ValueError(f"unknown architecture {self.arch!r}; valid: {list(ARCHITECTURES)}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.kv_heads:
@@ -181,7 +179,7 @@ class LlamaArgs(BaseModelArgs):
         a, b = kron_factors(r)
         return r * (a + b)  # G1^T H: a*a*b, (.) G0: a*b*b
 
-    def with_overrides(self, **kw) -> "LlamaArgs":
+    def with_overrides(self, **kw) -> LlamaArgs:
         return replace(self, **kw)
 
 

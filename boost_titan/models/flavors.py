@@ -17,17 +17,17 @@ DEBUG_VOCAB_SIZE = 8192  # = boost_titan.data.DEFAULT_VOCAB_SIZE, the embedded c
 
 #            name           layers  dim  heads kv_heads  ffn    rank  vocab
 _SHAPES = {
-    "debugmodel":     (4,   256,   8, None,   688,   64, DEBUG_VOCAB_SIZE),
-    "debugmodel_gqa": (4,   256,   8,    4,   688,   64, DEBUG_VOCAB_SIZE),
-    "60m":            (8,   512,   8, None,  1376,  128, 32000),
-    "130m":           (12,  768,  12, None,  2048,  256, 32000),
-    "350m":           (24, 1024,  16, None,  2736,  256, 32000),
-    "1b":             (24, 2048,  32, None,  5472,  512, 32000),
-    "3b":             (28, 3072,  24, None,  8192,  768, 32000),
-    "7b":             (32, 4096,  32, None, 11008, 1024, 32000),
-    "13b":            (40, 5120,  40, None, 13824, 1280, 32000),
-    "30b":            (36, 8192,  64, None, 22016, 2048, 32000),
-    "34b":            (48, 8192,  64,    8, 22016, 2048, 32000),
+    "debugmodel": (4, 256, 8, None, 688, 64, DEBUG_VOCAB_SIZE),
+    "debugmodel_gqa": (4, 256, 8, 4, 688, 64, DEBUG_VOCAB_SIZE),
+    "60m": (8, 512, 8, None, 1376, 128, 32000),
+    "130m": (12, 768, 12, None, 2048, 256, 32000),
+    "350m": (24, 1024, 16, None, 2736, 256, 32000),
+    "1b": (24, 2048, 32, None, 5472, 512, 32000),
+    "3b": (28, 3072, 24, None, 8192, 768, 32000),
+    "7b": (32, 4096, 32, None, 11008, 1024, 32000),
+    "13b": (40, 5120, 40, None, 13824, 1280, 32000),
+    "30b": (36, 8192, 64, None, 22016, 2048, 32000),
+    "34b": (48, 8192, 64, 8, 22016, 2048, 32000),
 }
 FLAVORS = tuple(_SHAPES)
 
@@ -38,8 +38,13 @@ _COLA_KEEPS_SWIGLU = {"debugmodel", "debugmodel_gqa", "60m", "130m"}
 def _base(name: str) -> LlamaArgs:
     layers, dim, heads, kv_heads, ffn, rank, vocab = _SHAPES[name]
     return LlamaArgs(
-        dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
-        ffn_dim=ffn, vocab_size=vocab, rank=rank,
+        dim=dim,
+        n_layers=layers,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        ffn_dim=ffn,
+        vocab_size=vocab,
+        rank=rank,
     )
 
 

@@ -15,19 +15,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 from torchtitan.models.llama3.model.args import RoPEScalingArgs
 from torchtitan.models.llama3.model.model import (
     Attention as DenseAttention,
+)
+from torchtitan.models.llama3.model.model import (
     apply_rotary_emb,
     precompute_freqs_cis,
 )
 from torchtitan.models.utils import trunc_normal_
 from torchtitan.protocols.train_spec import ModelProtocol
 
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-
 from .args import LlamaArgs
-
 from .bottleneck import (
     SINGLE_DEVICE,
     Bottleneck,
@@ -46,8 +50,12 @@ _NO_ROPE_SCALING = RoPEScalingArgs(scaling_factor=1.0, low_freq_factor=1.0, high
 # log-sum-exp, RNG state) are what their backward needs besides q, k, v.
 _ATTENTION_OPS = frozenset(
     getattr(torch.ops.aten, name).default
-    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
     if hasattr(torch.ops.aten, name)
 )
 
@@ -192,7 +200,9 @@ class LowRankBlock(nn.Module):
         # attention chunk: attention_norm + A_q|A_k|A_v ... B_q,B_k,B_v -> heads -> A_o
         parts, stats = run("attention", self._entry, x)
         z_qkv, stats = down_reduce(parts, stats, comm)
-        parts, carry_qkv = run("attention", self._attention, freqs_cis, positions, stats, prev[0:3], *z_qkv)
+        parts, carry_qkv = run(
+            "attention", self._attention, freqs_cis, positions, stats, prev[0:3], *z_qkv
+        )
         z_o, _ = down_reduce(parts, None, comm)
         # MLP chunk: B_o -> residual -> ffn_norm + A_gate|A_up ... B_gate,B_up -> SwiGLU -> A_down
         h, parts, stats, carry_o = run("mlp", self._ffn_entry, x, prev[3:4], *z_o)
@@ -213,7 +223,9 @@ class LowRankBlock(nn.Module):
     # latent checkpointing can recompute them in backward without communicating.
     def _entry(self, x):
         a = self.attention
-        return down_partial(x, [a.wq, a.wk, a.wv], self.comm, self.grouped, self.attention_norm, self.dim)
+        return down_partial(
+            x, [a.wq, a.wk, a.wv], self.comm, self.grouped, self.attention_norm, self.dim
+        )
 
     def _attention(self, freqs_cis, positions, stats, prevs, *z_qkv):
         a = self.attention
@@ -229,7 +241,9 @@ class LowRankBlock(nn.Module):
         z_o, carry = self._latents([a.wo], list(z_o), None, None, prevs)
         (attn_out,) = up_group(z_o, [a.wo], self.comm, self.grouped)
         h = x + attn_out
-        parts, stats = down_partial(h, [f.w1, f.w3], self.comm, self.grouped, self.ffn_norm, self.dim)
+        parts, stats = down_partial(
+            h, [f.w1, f.w3], self.comm, self.grouped, self.ffn_norm, self.dim
+        )
         return h, parts, stats, carry
 
     def _mlp(self, stats, prevs, *z_gu):
@@ -282,13 +296,13 @@ class Transformer(ModelProtocol):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
         block_cls = LowRankBlock if args.low_rank else DenseBlock
-        self.layers = nn.ModuleDict(
-            {str(i): block_cls(i, args) for i in range(args.n_layers)}
-        )
+        self.layers = nn.ModuleDict({str(i): block_cls(i, args) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         # LaX: width of the latents carried next to the hidden state between blocks
-        self.lax_width = sum(args.projection_shapes()[n][2] for n in PROJ_ORDER) if args.arch == "lax" else 0
+        self.lax_width = (
+            sum(args.projection_shapes()[n][2] for n in PROJ_ORDER) if args.arch == "lax" else 0
+        )
 
     def _precompute_freqs_cis(self) -> torch.Tensor:
         a = self.model_args

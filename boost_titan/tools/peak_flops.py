@@ -16,7 +16,9 @@ from boost_titan.cpu_runtime import measure_matmul_peak_flops
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--n", type=int, default=1024, help="square matmul size")
     p.add_argument("--seconds", type=float, default=3.0)

@@ -1,8 +1,8 @@
 """Tensor-parallel plans, selected by ``[boost] tp_plan``.
 
-    fullrank  dense LLaMA-2: torchtitan's Megatron + sequence-parallel plan (baseline)
-    btp       low-rank models: bottleneck-aware TP (``btp.py``)
-    vanilla   low-rank models: every factor its own Megatron chunk (``vanilla.py``, baseline)
+fullrank  dense LLaMA-2: torchtitan's Megatron + sequence-parallel plan (baseline)
+btp       low-rank models: bottleneck-aware TP (``btp.py``)
+vanilla   low-rank models: every factor its own Megatron chunk (``vanilla.py``, baseline)
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from boost_titan.config import LOW_RANK_TP_PLANS
 from boost_titan.models.args import LlamaArgs
 
 # the first plan of each architecture is what "auto" picks
-PLANS_FOR = {"dense": ("fullrank",), "svd": LOW_RANK_TP_PLANS, "cola": LOW_RANK_TP_PLANS,
-             "lax": LOW_RANK_TP_PLANS}
+PLANS_FOR = {
+    "dense": ("fullrank",),
+    "svd": LOW_RANK_TP_PLANS,
+    "cola": LOW_RANK_TP_PLANS,
+    "lax": LOW_RANK_TP_PLANS,
+}
 
 
 def resolve_tp_plan(requested: str, args: LlamaArgs) -> str:

@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from boost_titan.models.bottleneck import LatentComm
+
 from .collectives import all_reduce, all_reduce_grad
 from .styles import ReplicatedModule, ShardParameters, bottleneck_block_plan
 
@@ -51,7 +52,11 @@ class BTPComm(LatentComm):
         # Online-RMSNorm: the per-token sum of squares rides in the same all-reduce as
         # extra columns of the latent (one in fp32; 2T in 16-bit dtypes, see below).
         r = latent.shape[-1]
-        columns = stats if latent.dtype == torch.float32 else self._exact_16bit_columns(stats, latent.dtype)
+        columns = (
+            stats
+            if latent.dtype == torch.float32
+            else self._exact_16bit_columns(stats, latent.dtype)
+        )
         fused = all_reduce(torch.cat([latent, columns.to(latent.dtype)], -1), self.mesh)
         total = fused[..., r:].float().sum(-1, keepdim=True)
         # value: exactly the reduced total (+ 0, bitwise the same on every rank);
@@ -71,8 +76,16 @@ class BTPComm(LatentComm):
         hi = stats.to(dtype)
         lo = (stats - hi.float()).to(dtype)
         # this rank's row of the identity: a Replicate -> Shard slice, no collective
-        slot = DTensor.from_local(torch.eye(T, dtype=dtype, device=stats.device), self.mesh,
-                                  [Replicate()], run_check=False).redistribute(self.mesh, [Shard(0)]).to_local()
+        slot = (
+            DTensor.from_local(
+                torch.eye(T, dtype=dtype, device=stats.device),
+                self.mesh,
+                [Replicate()],
+                run_check=False,
+            )
+            .redistribute(self.mesh, [Shard(0)])
+            .to_local()
+        )
         pair = torch.cat([hi, lo], -1)  # [..., 2]
         return (slot.view(T, 1) * pair.unsqueeze(-2)).flatten(-2)  # [..., 2T]
 
@@ -85,7 +98,9 @@ _BOTTLENECK_BTP = ShardParameters({"down.weight": Shard(1), "up.weight": Shard(0
 _NORM_SHARDED = ShardParameters({"weight": Shard(0)})
 
 
-def apply_btp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool, norm_mode: str = "online") -> None:
+def apply_btp(
+    model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool, norm_mode: str = "online"
+) -> None:
     parallelize_module(
         model,
         tp_mesh,

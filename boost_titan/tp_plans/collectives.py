@@ -13,7 +13,9 @@ def all_reduce(partial: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 
     Backward is free: the gradient of a replicated sum is the same replicated tensor
     on every rank (DTensor keeps it Replicate through the Partial source)."""
-    return DTensor.from_local(partial, mesh, [Partial()]).redistribute(mesh, [Replicate()]).to_local()
+    return (
+        DTensor.from_local(partial, mesh, [Partial()]).redistribute(mesh, [Replicate()]).to_local()
+    )
 
 
 def all_reduce_grad(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
@@ -27,14 +29,18 @@ def all_reduce_grad(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 def all_gather_last(shard: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """Concatenate the ranks' last-dim shards (all-gather); backward keeps this rank's
     slice of the (replicated) gradient, no collective."""
-    return DTensor.from_local(shard, mesh, [Shard(-1)], run_check=False).redistribute(
-        mesh, [Replicate()]
-    ).to_local()
+    return (
+        DTensor.from_local(shard, mesh, [Shard(-1)], run_check=False)
+        .redistribute(mesh, [Replicate()])
+        .to_local()
+    )
 
 
 def shard_last(full: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """This rank's slice of a replicated tensor's last dim; backward all-gathers the
     slices' gradients back into a replicated gradient."""
-    return DTensor.from_local(full, mesh, [Replicate()], run_check=False).redistribute(
-        mesh, [Shard(-1)]
-    ).to_local()
+    return (
+        DTensor.from_local(full, mesh, [Replicate()], run_check=False)
+        .redistribute(mesh, [Shard(-1)])
+        .to_local()
+    )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_module, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Placement,
+    Replicate,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import ParallelStyle
 
 
@@ -59,7 +65,9 @@ class ReplicatedModule(ParallelStyle):
         return distribute_module(module, device_mesh, None, input_fn, output_fn)
 
 
-def bottleneck_block_plan(norm_style: ParallelStyle, bottleneck_style: ParallelStyle) -> dict[str, ParallelStyle]:
+def bottleneck_block_plan(
+    norm_style: ParallelStyle, bottleneck_style: ParallelStyle
+) -> dict[str, ParallelStyle]:
     """parallelize_module plan for one low-rank block: its two norms and seven
     bottlenecks."""
     from boost_titan.models.model import ATTN_PROJS, FFN_PROJS

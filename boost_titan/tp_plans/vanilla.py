@@ -26,6 +26,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from boost_titan.models.bottleneck import LatentComm
+
 from .collectives import all_gather_last, all_reduce, all_reduce_grad, shard_last
 from .styles import ReplicatedModule, ShardParameters, bottleneck_block_plan
 
@@ -60,7 +61,9 @@ def apply_vanilla(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) ->
         model,
         tp_mesh,
         {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "tok_embeddings": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Replicate()
+            ),
             "norm": ReplicatedModule(),
             "output": ColwiseParallel(
                 input_layouts=Replicate(),
