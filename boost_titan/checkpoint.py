@@ -91,7 +91,8 @@ def _check_names_and_shapes(
         raise ValueError(
             f"{where} does not fit {model_desc}: "
             + "; ".join(problems)
-            + ". Use the config (model name, flavor, [boost] rank options) the weights were trained with."
+            + ". Use the config (model name, flavor, [boost] rank options) "
+            "the weights were trained with."
         )
 
 

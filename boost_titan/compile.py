@@ -92,11 +92,15 @@ def check_compile_config(config) -> None:
     tp = config.parallelism.tensor_parallel_degree
     if not (compile_cfg.enable and "model" in compile_cfg.components and tp > 1):
         return
-    where = f"when compiled under tensor parallelism (tensor_parallel_degree {tp}, torch {torch.__version__})"
+    where = (
+        "when compiled under tensor parallelism "
+        f"(tensor_parallel_degree {tp}, torch {torch.__version__})"
+    )
     if boost.latent_checkpoint in ("attention", "both") and boost.latent_checkpoint_keep == "none":
         raise ValueError(
-            f"[boost] latent_checkpoint = {boost.latent_checkpoint!r} with latent_checkpoint_keep = "
-            f"'none' fails {where}; use latent_checkpoint_keep = 'attention' (the default), "
+            f"[boost] latent_checkpoint = {boost.latent_checkpoint!r} "
+            f"with latent_checkpoint_keep = 'none' fails {where}; "
+            "use latent_checkpoint_keep = 'attention' (the default), "
             "latent_checkpoint = 'mlp', or [compile] enable = false"
         )
     ac = config.activation_checkpoint.mode

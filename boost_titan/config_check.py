@@ -488,7 +488,8 @@ def _check_model(config, deg: dict[str, int]) -> None:
     table = _extra_train_specs[name].model_args
     if flavor not in table:
         raise ConfigError(
-            f"unknown flavor {flavor!r} for model {name!r}; valid flavors: {sorted(table)} ([model] flavor)"
+            f"unknown flavor {flavor!r} for model {name!r}; "
+            f"valid flavors: {sorted(table)} ([model] flavor)"
         )
     args = table[flavor]
     b = config.boost
@@ -525,7 +526,8 @@ def _check_model(config, deg: dict[str, int]) -> None:
                 "boost",
                 "rank_ratio",
                 b.rank_ratio,
-                f"gives rank {round(b.rank_ratio * args.dim)} for dim {args.dim}; valid ranks: 1 .. {max_rank}",
+                f"gives rank {round(b.rank_ratio * args.dim)} for dim {args.dim}; "
+                f"valid ranks: 1 .. {max_rank}",
             )
         if b.kv_rank > args.kv_dim:
             raise bad(

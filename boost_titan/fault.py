@@ -1,22 +1,23 @@
 """What a run does when something goes wrong: preemption, non-finite steps, cut-off
 checkpoints, and fault injection to rehearse all of it.
 
-================  ===========================================================  ==============================
-event             what happens                                                 where
-================  ===========================================================  ==============================
-SIGTERM           every rank finishes its step, a full checkpoint of that      ``Preemption`` + ``StepGuard``
-(preemption,      step is saved, the ranks exit 0 (``run_train.sh`` too)
-torchrun stop)
-NaN/inf loss or   the update is not applied (no optimizer or LR step); stop    ``StepGuard``
-gradient          with an error naming the step, or skip under
-                  ``[boost] nan_policy = "skip"`` (bounded run of skips)
-rank dies         torchrun ``--max-restarts`` restarts the ranks; they resume  torchtitan + DCP
-(SIGKILL, OOM)    from the newest complete checkpoint
-cut-off save      a ``step-N`` folder without DCP's ``.metadata`` (written     ``quarantine_incomplete_
-                  last, by rename, once every rank's data is on disk) is       checkpoints``
-                  never loaded: it is renamed ``step_N.incomplete`` and named
-                  in the log
-================  ===========================================================  ==============================
+================  ==================================================  ==============================
+event             what happens                                        where
+================  ==================================================  ==============================
+SIGTERM           every rank finishes its step, a full checkpoint     ``Preemption`` + ``StepGuard``
+(preemption,      of that step is saved, the ranks exit 0
+torchrun stop)    (``run_train.sh`` too)
+NaN/inf loss or   the update is not applied (no optimizer or LR       ``StepGuard``
+gradient          step); stop with an error naming the step, or
+                  skip under ``[boost] nan_policy = "skip"``
+                  (bounded run of skips)
+rank dies         torchrun ``--max-restarts`` restarts the ranks;     torchtitan + DCP
+(SIGKILL, OOM)    they resume from the newest complete checkpoint
+cut-off save      a ``step-N`` folder without DCP's ``.metadata``     ``quarantine_incomplete_
+                  (written last, by rename, once every rank's data    checkpoints``
+                  is on disk) is never loaded: it is renamed
+                  ``step_N.incomplete`` and named in the log
+================  ==================================================  ==============================
 
 Both per-step decisions (skip this update? stop for preemption?) must be the same on
 every rank or the ranks desynchronise, so they ride in one all-reduce (MAX) of two
@@ -74,7 +75,8 @@ def parse_injections(spec: str) -> list[Injection]:
         m = re.fullmatch(r"(\w+)@(\d+)(?::rank=(\d+))?", item)
         if not m or m.group(1) not in INJECT_KINDS:
             raise ValueError(
-                f"{INJECT_ENV}: {item!r} is not KIND@STEP[:rank=R] with KIND in {list(INJECT_KINDS)}"
+                f"{INJECT_ENV}: {item!r} is not KIND@STEP[:rank=R] "
+                f"with KIND in {list(INJECT_KINDS)}"
             )
         out.append(
             Injection(m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3)))
@@ -142,7 +144,9 @@ class Preemption:
             # no logging here: a signal handler may interrupt the logger itself
             os.write(
                 2,
-                f"[boost_titan] SIGTERM on pid {os.getpid()}: checkpoint after this step\n".encode(),
+                (
+                    f"[boost_titan] SIGTERM on pid {os.getpid()}: checkpoint after this step\n"
+                ).encode(),
             )
         self.requested = True
 

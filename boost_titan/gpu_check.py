@@ -563,7 +563,8 @@ def failures(results: dict) -> list[str]:
                 out.append(f"{section} {arch}: {row['error']}")
             elif not row["ok"]:
                 out.append(
-                    f"{section} {arch}: loss rel diff {row['loss_max_rel_diff']:.2e} (max {LOSS_RTOL:g}), "
+                    f"{section} {arch}: "
+                    f"loss rel diff {row['loss_max_rel_diff']:.2e} (max {LOSS_RTOL:g}), "
                     f"grad rel diff {row['grad_max_rel_diff']:.2e} (max {GRAD_RTOL:g})"
                 )
     return out
@@ -614,7 +615,8 @@ def _throughput_md(t: dict) -> list[str]:
     ]
     for name, r in t["runs"].items():
         lines.append(
-            f"| {name} | {r['first_step_s']:.1f} | {r['step_time_median_s']:.4f} | {r['tokens_per_s']:.0f} "
+            f"| {name} | {r['first_step_s']:.1f} | {r['step_time_median_s']:.4f} "
+            f"| {r['tokens_per_s']:.0f} "
             f"| {100 * r['mfu']:.1f}% | {r['peak_mem_mib']:.0f} |"
         )
     lines += [""] + [f"- {k}: {v:.3g}" for k, v in t["ratios"].items()]
@@ -630,7 +632,8 @@ def _numerics_md(title: str, section: dict) -> list[str]:
     lines = [
         f"{title} (loss max rel diff <= {LOSS_RTOL:g}, grads <= {GRAD_RTOL:g}):",
         "",
-        "| arch | loss eager / compiled (step 1) | loss rel diff | grad rel diff | compile step s | ok |",
+        "| arch | loss eager / compiled (step 1) | loss rel diff | grad rel diff "
+        "| compile step s | ok |",
         "|---|---|---|---|---|---|",
     ]
     for arch, r in section["archs"].items():
@@ -640,7 +643,8 @@ def _numerics_md(title: str, section: dict) -> list[str]:
         plan = f" ({r['plan']})" if "plan" in r else ""
         lines.append(
             f"| {arch}{plan} | {r['eager_loss'][0]:.6f} / {r['compiled_loss'][0]:.6f} "
-            f"| {r['loss_max_rel_diff']:.1e} | {r['grad_max_rel_diff']:.1e} | {r['compile_step_s']:.1f} "
+            f"| {r['loss_max_rel_diff']:.1e} | {r['grad_max_rel_diff']:.1e} "
+            f"| {r['compile_step_s']:.1f} "
             f"| {'yes' if r['ok'] else '**NO**'} |"
         )
     return lines + [""]
@@ -709,8 +713,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--backend",
         default=None,
-        help="torch.compile backend (default inductor; --smoke: aot_eager, which traces and partitions "
-        "as inductor does but skips C++ code generation, minutes on a small CPU)",
+        help="torch.compile backend (default inductor; --smoke: aot_eager, which traces and "
+        "partitions as inductor does but skips C++ code generation, minutes on a small CPU)",
     )
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {list(SECTIONS)}")
     p.add_argument(

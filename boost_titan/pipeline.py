@@ -92,11 +92,13 @@ def _stages_per_rank(
         return 1 if single else 2
     effective = n_layers + first_less + last_less
     if effective % layers_per_stage:
+        valid = [
+            k for k in range(1, effective + 1) if effective % k == 0 and (effective // k) % pp == 0
+        ]
         raise ValueError(
             f"pipeline_parallel_layers_per_stage = {layers_per_stage} does not divide the "
             f"{effective} effective layers ({n_layers} layers + first_stage_less_layers "
-            f"{first_less} + last_stage_less_layers {last_less}); valid values: "
-            f"{[k for k in range(1, effective + 1) if effective % k == 0 and (effective // k) % pp == 0]}"
+            f"{first_less} + last_stage_less_layers {last_less}); valid values: {valid}"
         )
     return effective // layers_per_stage // pp
 
@@ -144,12 +146,15 @@ def check_pipeline_config(config, n_layers: int) -> None:
         if single:
             valid = [k for k in valid if effective // k == pp]
         if lps not in valid:
+            stage_note = (
+                " (single-stage schedule " + par.pipeline_parallel_schedule + ")" if single else ""
+            )
             raise ValueError(
                 f"[parallelism] pipeline_parallel_layers_per_stage = {lps} does not divide the "
                 f"{effective} effective layers ({n_layers} layers + first_stage_less_layers "
                 f"{first_less} + last_stage_less_layers {last_less}) into "
                 f"{'exactly one stage per rank' if single else 'a multiple of'} "
-                f"pipeline_parallel_degree {pp}{' (single-stage schedule ' + par.pipeline_parallel_schedule + ')' if single else ''}"
+                f"pipeline_parallel_degree {pp}{stage_note}"
                 f"; valid values: {valid}"
             )
     per_rank = _stages_per_rank(

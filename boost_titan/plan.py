@@ -322,7 +322,8 @@ def format_report(rep: dict) -> str:
     m = rep["model"]
     lines = [
         f"{m['arch']} d={m['dim']} f={m['ffn_dim']} L={m['n_layers']} h={m['n_heads']} "
-        f"kv={m['n_kv_heads']} r={m['rank']}  TP={rep['tp']} b={rep['batch']} s={rep['seq']} {rep['dtype']}",
+        f"kv={m['n_kv_heads']} r={m['rank']}  "
+        f"TP={rep['tp']} b={rep['batch']} s={rep['seq']} {rep['dtype']}",
         f"{'plan':9s} {'fwd/block':>12s} {'bwd/block':>12s} {'fwd/stack':>12s} {'colls f/b':>10s} "
         f"{'params/rank':>13s} {'act/rank':>10s} {'min AI':>7s} {'mean AI':>8s}",
     ]
@@ -333,8 +334,10 @@ def format_report(rep: dict) -> str:
         ai = [g["intensity"] for g in e["gemms"]]
         flag = "" if e["valid"] else "  (invalid: " + e["why_invalid"] + ")"
         lines.append(
-            f"{plan:9s} {e['block_forward_bytes'] / mib:9.1f}MiB {e['block_backward_bytes'] / mib:9.1f}MiB "
-            f"{e['step_forward_bytes'] / mib:9.0f}MiB {len(e['block_forward']):4d}/{len(e['block_backward']):<5d}"
+            f"{plan:9s} {e['block_forward_bytes'] / mib:9.1f}MiB "
+            f"{e['block_backward_bytes'] / mib:9.1f}MiB "
+            f"{e['step_forward_bytes'] / mib:9.0f}MiB "
+            f"{len(e['block_forward']):4d}/{len(e['block_backward']):<5d}"
             f"{e['params_per_rank'] / 1e6:11.1f}M {e['activation_bytes_per_rank'] / 2**30:8.2f}GiB "
             f"{min(ai):7.0f} {sum(ai) / len(ai):8.0f}{flag}"
         )

@@ -180,7 +180,8 @@ def test_export_rejects_a_config_that_does_not_fit(btp_run):
         str(root / "bad.safetensors"),
         "--boost.rank",
         "32",
-        expect_error="shape mismatches, e.g. ['layers.0.attention.wk.down.weight: (64, 256) (model: (32, 256))'",
+        expect_error="shape mismatches, e.g. ['layers.0.attention.wk.down.weight: "
+        "(64, 256) (model: (32, 256))'",
     )
     _cli(
         "export",

@@ -66,8 +66,9 @@ def test_compiled_equals_eager_on_tp2_ranks(tmp_path):
         )
         _assert_same(row)
     # Warm cache: a second launch over the same inductor cache loads these graphs from
-    # disk (the first launch may have too, from an earlier run). Before rank-local caches, each rank loaded whichever rank's loss-parallel
-    # graph was written last (its vocabulary offset baked in): 16.75 vs 9.42.
+    # disk (the first launch may have too, from an earlier run). Before rank-local caches,
+    # each rank loaded whichever rank's loss-parallel graph was written last (its vocabulary
+    # offset baked in): 16.75 vs 9.42.
     warm = run_cases([MATRIX[2], MATRIX[4]], str(tmp_path / "warm"), cache)
     for row in warm:
         _assert_same(row)

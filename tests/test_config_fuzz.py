@@ -28,8 +28,9 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case(C, 3, "cli", []),
         "clean",
-        "[parallelism] degrees multiply to 2 (data_parallel_replicate_degree 1 x data_parallel_shard_degree 1 x "
-        "context_parallel_degree 1 x tensor_parallel_degree 2 x pipeline_parallel_degree 1) but WORLD_SIZE = 3",
+        "[parallelism] degrees multiply to 2 (data_parallel_replicate_degree 1 x "
+        "data_parallel_shard_degree 1 x context_parallel_degree 1 x tensor_parallel_degree 2 x "
+        "pipeline_parallel_degree 1) but WORLD_SIZE = 3",
     ),
     (
         Case(C, 2, "cli", [["parallelism", "tensor_parallel_degree", "0"]]),
@@ -39,18 +40,21 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case(C, 2, "cli", [["parallelism", "data_parallel_shard_degree", "-2"]]),
         "clean",
-        "[parallelism] data_parallel_shard_degree = -2 must be >= 1 (data_parallel_shard_degree may be -1",
+        "[parallelism] data_parallel_shard_degree = -2 must be >= 1 "
+        "(data_parallel_shard_degree may be -1",
     ),
     (
         Case(C, 3, "cli", [["parallelism", "data_parallel_shard_degree", "-1"]]),
         "clean",
-        "[parallelism] data_parallel_shard_degree = -1 cannot fill WORLD_SIZE 3: the other degrees multiply to 2",
+        "[parallelism] data_parallel_shard_degree = -1 cannot fill WORLD_SIZE 3: "
+        "the other degrees multiply to 2",
     ),
     # TP degree vs the model's dims: failed in parallelize_boost, after the mesh
     (
         Case(C, 3, "cli", [["parallelism", "tensor_parallel_degree", "3"]]),
         "clean",
-        "[parallelism] tensor_parallel_degree 3 does not divide n_heads=8, n_kv_heads=8, dim=256, ffn_dim=688",
+        "[parallelism] tensor_parallel_degree 3 does not divide n_heads=8, n_kv_heads=8, "
+        "dim=256, ffn_dim=688",
     ),
     (
         Case(C, 16, "cli", [["parallelism", "tensor_parallel_degree", "16"]]),
@@ -91,14 +95,16 @@ FIXED: list[tuple[Case, str, str]] = [
             [["parallelism", "pipeline_parallel_layers_per_stage", "2"]],
         ),
         "clean",
-        "[parallelism] pipeline_parallel_layers_per_stage = 2 does not divide the 6 effective layers",
+        "[parallelism] pipeline_parallel_layers_per_stage = 2 does not divide "
+        "the 6 effective layers",
     ),
     (
         Case(
             "debug_lax_pp2.toml", 2, "cli", [["parallelism", "pipeline_parallel_schedule", "Bogus"]]
         ),
         "clean",
-        "[parallelism] pipeline_parallel_schedule = 'Bogus' is not valid; choose one of ['1F1B', 'GPipe'",
+        "[parallelism] pipeline_parallel_schedule = 'Bogus' is not valid; "
+        "choose one of ['1F1B', 'GPipe'",
     ),
     (
         Case(
@@ -118,7 +124,8 @@ FIXED: list[tuple[Case, str, str]] = [
             [["parallelism", "pipeline_parallel_first_stage_less_layers", "0"]],
         ),
         "clean",
-        "pipeline_parallel_first_stage_less_layers = 0, pipeline_parallel_last_stage_less_layers = 1)",
+        "pipeline_parallel_first_stage_less_layers = 0, "
+        "pipeline_parallel_last_stage_less_layers = 1)",
     ),
     # --- [training]
     (
@@ -139,7 +146,8 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case(T, 1, "cli", [["training", "global_batch_size", "6"]]),
         "clean",
-        "[training] global_batch_size = 6 must be a multiple of local_batch_size 4 x data-parallel degree 1",
+        "[training] global_batch_size = 6 must be a multiple of "
+        "local_batch_size 4 x data-parallel degree 1",
     ),
     (
         Case(T, 1, "cli", [["training", "steps", "-1"]]),
@@ -159,8 +167,8 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case(T, 1, "missing_corpus", [["training", "dataset_path", "/nonexistent/corpus"]]),
         "clean",
-        "[training] dataset_path = '/nonexistent/corpus' reads '/nonexistent/corpus', which does not exist; "
-        "build it with `python -m boost_titan.data build`",
+        "[training] dataset_path = '/nonexistent/corpus' reads '/nonexistent/corpus', "
+        "which does not exist; build it with `python -m boost_titan.data build`",
     ),
     (
         Case(T, 1, "local_text_without_path", [["training", "dataset", "local_text"]]),
@@ -202,8 +210,8 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case(T, 1, "cli", [["boost", "rank", "257"]]),
         "clean",
-        "[boost] rank = 257 is too large for model 'cola_llama2' flavor 'debugmodel' (dim 256, ffn_dim 688); "
-        "valid: 1 .. 256",
+        "[boost] rank = 257 is too large for model 'cola_llama2' flavor 'debugmodel' "
+        "(dim 256, ffn_dim 688); valid: 1 .. 256",
     ),
     (
         Case(T, 1, "cli", [["boost", "rank_ratio", "1e-9"]]),
@@ -218,12 +226,14 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case("debug_lax.toml", 1, "cli", [["boost", "kv_rank", "31"]]),
         "clean",
-        "[boost] kv_rank = 31 with model 'lax_llama2' flavor 'debugmodel' are not valid: Kronecker LaX gate",
+        "[boost] kv_rank = 31 with model 'lax_llama2' flavor 'debugmodel' "
+        "are not valid: Kronecker LaX gate",
     ),
     (
         Case("debug_llama2.toml", 1, "cli", [["boost", "rank", "32"]]),
         "clean",
-        "[boost] rank = 32 applies to low-rank models only; model 'llama2' flavor 'debugmodel' is dense",
+        "[boost] rank = 32 applies to low-rank models only; "
+        "model 'llama2' flavor 'debugmodel' is dense",
     ),
     (
         Case("debug_llama2.toml", 1, "cli", [["boost", "tp_plan", "btp"]]),
@@ -253,8 +263,8 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case(T, 1, "cli", [["boost", "group_linears", "false"]]),
         "clean",
-        "[boost] group_linears is a flag and takes no value (got 'false'): write --boost.group_linears to set it "
-        "or --boost.no-group-linears",
+        "[boost] group_linears is a flag and takes no value (got 'false'): "
+        "write --boost.group_linears to set it or --boost.no-group-linears",
     ),
     # --- [model], [job] config_file, files
     (

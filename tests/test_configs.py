@@ -40,7 +40,8 @@ BAD = [
     (["--boost.rmsnorm", "fast"], "rmsnorm = 'fast' is not valid"),
     (
         ["--model.name", "gpt2"],
-        "unknown model name 'gpt2'; boost_titan models: ['cola_llama2', 'lax_llama2', 'llama2', 'svd_llama2']",
+        "unknown model name 'gpt2'; boost_titan models: "
+        "['cola_llama2', 'lax_llama2', 'llama2', 'svd_llama2']",
     ),
     (["--model.flavor", "9b"], "unknown flavor '9b' for model 'cola_llama2'; valid flavors:"),
     (
@@ -83,7 +84,8 @@ BAD = [
             "--parallelism.pipeline_parallel_schedule",
             "Interleaved1F1B",
         ],
-        "4 pipeline stages (pipeline_parallel_degree 2 x 2 per rank for Interleaved1F1B) do not divide",
+        "4 pipeline stages (pipeline_parallel_degree 2 x 2 per rank for Interleaved1F1B) "
+        "do not divide",
     ),
     (
         [

@@ -180,8 +180,8 @@ def test_nan_skip_policy_skips_updates_then_stops_at_limit(reference, tmp_path, 
     )
     assert "step 3: non-finite loss or gradients; update skipped (1 in a row, limit 2" in run.output
     assert (
-        "step 6: non-finite loss or gradients; update skipped (2 in a row, limit 2; 3 skipped so far: [3, 5, 6])"
-        in run.output
+        "step 6: non-finite loss or gradients; update skipped (2 in a row, limit 2; "
+        "3 skipped so far: [3, 5, 6])" in run.output
     )
     assert (
         "step 7: non-finite loss or gradients (NaN/inf); the update was not applied and the run "

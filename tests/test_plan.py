@@ -63,7 +63,8 @@ def test_planner_reproduces_paper_block_volumes(flavor, paper):
     )
     assert got == paper
     assert rep["recommended"] == "btp"
-    # arithmetic intensity: vanilla's skinny GEMMs are far below BTP's (7B MLP ~246 vs ~714 in the paper)
+    # arithmetic intensity: vanilla's skinny GEMMs are far below BTP's
+    # (7B MLP ~246 vs ~714 in the paper)
     ai = {
         p: {g["name"]: g["intensity"] for g in rep["plans"][p]["gemms"]} for p in ("vanilla", "btp")
     }

@@ -3,7 +3,8 @@ dense twin under full-rank TP, trained in one run on the same machine.
 
     python -m boost_titan.bench                  # CPU: TP2 on 2 gloo ranks (NCCL on GPUs)
     python -m boost_titan.bench --smoke          # tiny model, 2 steps: checks the outputs
-    python -m boost_titan.bench --compile        # every variant eager and torch.compile'd, side by side
+    python -m boost_titan.bench --compile        # every variant eager and torch.compile'd,
+                                                 # side by side
     python -m boost_titan.bench --gemm           # single device: per-rank GEMMs of each plan
 
 Every variant runs whole training steps (forward, backward, AdamW). Repetitions are
@@ -104,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gemm",
         action="store_true",
-        help="single-device GEMM mode: per-rank GEMMs of each plan at --flavor, --tp, --batch x --seq "
-        "(default 7B, TP4, 4 x 4096)",
+        help="single-device GEMM mode: per-rank GEMMs of each plan at --flavor, --tp, "
+        "--batch x --seq (default 7B, TP4, 4 x 4096)",
     )
     p.add_argument("--flavor", default="7b")
     p.add_argument("--dtype", default="bfloat16")
@@ -132,15 +133,16 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ]
         if ignored:
             p.error(
-                f"GEMM mode takes its model shapes from --flavor ({a.flavor}); {', '.join(ignored)} "
-                "only apply to the training benchmark"
+                f"GEMM mode takes its model shapes from --flavor ({a.flavor}); "
+                f"{', '.join(ignored)} only apply to the training benchmark"
             )
         if a.compile:
             p.error("--compile applies to the training benchmark, not to GEMM mode (plain matmuls)")
         return
     if a.compile and a.warmup < 1:
         p.error(
-            f"--compile needs --warmup >= 1 (the first step compiles and must not be timed), got {a.warmup}"
+            "--compile needs --warmup >= 1 (the first step compiles and must not be timed), "
+            f"got {a.warmup}"
         )
 
 
@@ -163,12 +165,13 @@ def _run_gemm(a: argparse.Namespace, out: Path) -> None:
     res.update(batch=batch, seq=seq)
     (out / "gemm.json").write_text(json.dumps(res, indent=2))
     print(
-        f"{a.flavor} TP{tp}, m = {res['m']} tokens (batch {batch} x seq {seq} x m-scale {a.m_scale:g}), "
-        f"{a.dtype}, {res['device']}"
+        f"{a.flavor} TP{tp}, m = {res['m']} tokens "
+        f"(batch {batch} x seq {seq} x m-scale {a.m_scale:g}), {a.dtype}, {res['device']}"
     )
     for plan, r in res["plans"].items():
         print(
-            f"{plan:9s} block GEMMs {r['block_gemm_time_s'] * 1e3:8.2f} ms  {r['tflops']:.2f} TFLOP/s"
+            f"{plan:9s} block GEMMs {r['block_gemm_time_s'] * 1e3:8.2f} ms  "
+            f"{r['tflops']:.2f} TFLOP/s"
         )
 
 

@@ -11,17 +11,23 @@ from boost_titan.bench.variants import compiled_name
 def markdown(summary: dict) -> str:
     s = summary["shape"]
     lines = [
-        f"TP{summary['tp']} on {summary['device']}; d={s['dim']} f={s['ffn_dim']} heads={s['n_heads']} "
-        f"r={s['rank']} layers={s['n_layers']} vocab={s['vocab_size']}, batch {s['batch']} x seq {s['seq']}, fp32",
+        f"TP{summary['tp']} on {summary['device']}; d={s['dim']} f={s['ffn_dim']} "
+        f"heads={s['n_heads']} r={s['rank']} layers={s['n_layers']} vocab={s['vocab_size']}, "
+        f"batch {s['batch']} x seq {s['seq']}, fp32",
         "",
-        "| variant | step time median (min-max) | tokens/s | comm share | MiB comm/step | collectives/step | saved activations MiB/rank | peak step RSS rise MiB/rank | params MiB/rank |",
+        "| variant | step time median (min-max) | tokens/s | comm share | MiB comm/step "
+        "| collectives/step | saved activations MiB/rank | peak step RSS rise MiB/rank "
+        "| params MiB/rank |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for n, v in summary["variants"].items():
         lines.append(
-            f"| {n} | {v['step_time_median_s']:.3f} s ({v['step_time_min_s']:.3f}-{v['step_time_max_s']:.3f}) "
-            f"| {v['tokens_per_s']:.0f} | {100 * v['comm_share']:.1f}% | {v['bytes_per_step'] / 2**20:.1f} "
-            f"| {v['collectives_per_step']} | {v['saved_activation_mib']:.0f} | {v['peak_step_mem_mib']:.0f} "
+            f"| {n} | {v['step_time_median_s']:.3f} s "
+            f"({v['step_time_min_s']:.3f}-{v['step_time_max_s']:.3f}) "
+            f"| {v['tokens_per_s']:.0f} | {100 * v['comm_share']:.1f}% "
+            f"| {v['bytes_per_step'] / 2**20:.1f} "
+            f"| {v['collectives_per_step']} | {v['saved_activation_mib']:.0f} "
+            f"| {v['peak_step_mem_mib']:.0f} "
             f"| {v['param_mib_per_rank']:.1f} |"
         )
     lines.append("")
@@ -45,10 +51,11 @@ def markdown(summary: dict) -> str:
 
 def _compile_markdown(comp: dict) -> list[str]:
     lines = [
-        f"Compiled ({comp['backend']}, per block + loss) vs eager; the compiling first step is not in "
-        "the step times:",
+        f"Compiled ({comp['backend']}, per block + loss) vs eager; the compiling first step "
+        "is not in the step times:",
         "",
-        "| variant | eager tokens/s | compiled tokens/s | compiled/eager | compile step s (eager first step s) "
+        "| variant | eager tokens/s | compiled tokens/s | compiled/eager "
+        "| compile step s (eager first step s) "
         "| first-step loss eager / compiled (rel diff) |",
         "|---|---|---|---|---|---|",
     ]
@@ -56,7 +63,8 @@ def _compile_markdown(comp: dict) -> list[str]:
         flag = "" if c["loss_match"] else " **MISMATCH**"
         lines.append(
             f"| {n} | {c['eager_tokens_per_s']:.0f} | {c['compiled_tokens_per_s']:.0f} "
-            f"| {c['compiled_vs_eager_tokens_per_s']:.2f}x | {c['compile_step_s']:.1f} ({c['eager_first_step_s']:.2f}) "
+            f"| {c['compiled_vs_eager_tokens_per_s']:.2f}x "
+            f"| {c['compile_step_s']:.1f} ({c['eager_first_step_s']:.2f}) "
             f"| {c['eager_first_step_loss']:.5f} / {c['compiled_first_step_loss']:.5f} "
             f"({c['first_step_loss_rel_diff']:.1e}){flag} |"
         )

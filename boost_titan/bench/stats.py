@@ -163,7 +163,8 @@ def loss_mismatches(summary: dict) -> list[str]:
     """One line per compiled variant whose first-step loss is not its eager twin's."""
     rows = summary.get("compile", {}).get("variants", {})
     return [
-        f"{n}: eager {c['eager_first_step_loss']:.6f}, compiled {c['compiled_first_step_loss']:.6f} "
+        f"{n}: eager {c['eager_first_step_loss']:.6f}, "
+        f"compiled {c['compiled_first_step_loss']:.6f} "
         f"(relative difference {c['first_step_loss_rel_diff']:.2e} > {COMPILE_LOSS_RTOL:g})"
         for n, c in rows.items()
         if not c["loss_match"]

@@ -90,7 +90,7 @@ def worker(rank: int, world: int, cfg: dict, out_dir: str):
     results = {n: VariantResult(n, param_bytes_per_rank=built[n][2]) for n in names}
     for n in names:  # warm-up, outside the timed region; a compiled variant compiles here
         _warm_up(built[n], results[n], cfg["warmup"], tokens, labels, device)
-    for rep in range(cfg["reps"]):
+    for _rep in range(cfg["reps"]):
         for n in names:
             _timed_steps(built[n], results[n], cfg["steps"], tokens, labels, device)
     for n in names:  # instrumented steps: collective counts/bytes and time

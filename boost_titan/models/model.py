@@ -159,7 +159,8 @@ class LowRankBlock(nn.Module):
 
     The forward is written chunk by chunk, the way BTP cuts it: every partial latent
     (``down_partial``) ends a chunk, its all-reduce (``down_reduce``) sits between
-    chunks, and the next chunk starts from the reduced latent. ``self.comm`` is the tensor-parallel plan's hook (identity by default).
+    chunks, and the next chunk starts from the reduced latent. ``self.comm`` is the
+    tensor-parallel plan's hook (identity by default).
     """
 
     def __init__(self, layer_id: int, args: LlamaArgs):
