@@ -28,6 +28,12 @@ import typing
 import boost_titan.specs  # noqa: F401  (registers the train specs checked below)
 from boost_titan import config as boost_config
 from boost_titan.compile import check_compile_config
+from boost_titan.config_file import (
+    ConfigFileError,
+    config_file_arg,
+    config_manager,
+    load_config_toml,
+)
 from boost_titan.pipeline import check_pipeline_config
 
 # Errors are plain ValueError (FileNotFoundError for a missing file or folder), as
@@ -47,26 +53,14 @@ def config_class():
     return ConfigManager._merge_configs(JobConfig, boost_config.JobConfig)
 
 
-def _config_file_arg(args: list[str]) -> str | None:
-    """The ``--job.config_file`` value, found as torchtitan's ConfigManager finds it."""
-    keys = {"--job.config-file", "--job.config_file"}
-    for i, arg in enumerate(args):
-        if "=" in arg:
-            key, value = arg.split("=", 1)
-            if key in keys:
-                return value
-        elif arg in keys and i < len(args) - 1:
-            return args[i + 1]
-    return None
-
-
 def _check_config_file(path: str) -> None:
     if not os.path.isfile(path):
         why = "is a folder, not a TOML file" if os.path.isdir(path) else "does not exist"
         raise bad("job", "config_file", path, f"{why} (cwd {os.getcwd()!r})", ConfigPathError)
     try:
-        with open(path, "rb") as f:
-            tomllib.load(f)
+        load_config_toml(path)  # the whole `extends` chain
+    except ConfigFileError as e:
+        raise bad("job", "config_file", path, str(e)) from None
     except tomllib.TOMLDecodeError as e:
         raise bad("job", "config_file", path, f"is not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
@@ -97,13 +91,11 @@ def _check_flag_values(args: list[str], cls) -> None:
 
 
 def parse_config(args: list[str]):
-    from torchtitan.config import ConfigManager
-
-    path = _config_file_arg(args)
+    path = config_file_arg(args)
     if path is not None:
         _check_config_file(path)
     _check_flag_values(args, config_class())
-    config = ConfigManager(config_cls=config_class()).parse_args(args)
+    config = config_manager(config_class()).parse_args(args)
     check_config(config)
     return config
 

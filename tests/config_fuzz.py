@@ -37,10 +37,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from boost_titan.config_file import load_config_toml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "train_configs"
@@ -265,7 +266,7 @@ def build_argv(case: Case, tmp: Path) -> tuple[list[str], dict[str, str]]:
         for s, k, v in case.changes:
             argv += [f"--{s}.{k}", v]
         return argv, env
-    data = tomllib.loads(base.read_text())
+    data = load_config_toml(str(base))  # `extends` resolved: the copy stands alone
     path = tmp / f"case_{abs(hash(case.describe())) % 10**8}.toml"
     if case.mode == "toml" or case.mode in ("unknown_toml_key", "unknown_toml_section"):
         for s, k, v in case.changes:
