@@ -107,6 +107,12 @@ def read_dcp_model(
 ) -> dict[str, torch.Tensor]:
     """The model tensors of a DCP checkpoint as full, plain CPU tensors (their stored dtype)."""
     path = Path(checkpoint_dir)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{str(path)!r} does not exist. Checkpoints are written by runs with [checkpoint] "
+            "enable = true (e.g. `./run_train.sh --checkpoint.enable`), as "
+            "<dump_folder>/checkpoint/step-N"
+        )
     if not (path / ".metadata").is_file():
         raise FileNotFoundError(f"{str(path)!r} is not a DCP checkpoint (no .metadata file)")
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -217,7 +223,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from boost_titan.train import parse_config
+    from boost_titan.config_check import parse_config
 
     p = argparse.ArgumentParser(
         prog="python -m boost_titan.checkpoint",
@@ -238,14 +244,16 @@ def main(argv: list[str] | None = None) -> None:
         "--dtype", choices=sorted(_DTYPES), help="export: cast every tensor (default: as stored)"
     )
     ours, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-    job_config = parse_config(rest)  # boost_titan.train registers the train specs
-
-    if ours.command == "export":
-        out = export_safetensors(job_config, ours.src, ours.dst, _DTYPES.get(ours.dtype))
-    else:
-        if ours.dtype:
-            p.error("--dtype applies to export only")
-        out = import_safetensors(job_config, ours.src, ours.dst)
+    if ours.dtype and ours.command == "import":
+        p.error("--dtype applies to export only")
+    try:
+        job_config = parse_config(rest)
+        if ours.command == "export":
+            out = export_safetensors(job_config, ours.src, ours.dst, _DTYPES.get(ours.dtype))
+        else:
+            out = import_safetensors(job_config, ours.src, ours.dst)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:  # bad input: one line
+        p.exit(1, f"{p.prog} {ours.command}: error: {e}\n")
     print(f"wrote {out}")
 
 
