@@ -3,7 +3,7 @@
     with CommCounter() as comm:
         loss = model(tokens).sum(); loss.backward()
     comm.summary()                  # {(phase, op): (count, bytes)}
-    comm.per_module("forward")      # {module fqn: {op: (count, bytes)}}
+    comm.block_records("layers.1", "forward")   # one block's collectives, in order
 
     with CollectiveHook(timed=True) as timer:   # time only: no module tracking, no records
         ...
@@ -140,14 +140,6 @@ class CommCounter(CollectiveHook):
             out[(r.phase, r.op)][0] += 1
             out[(r.phase, r.op)][1] += r.nbytes
         return {k: tuple(v) for k, v in sorted(out.items())}
-
-    def per_module(self, phase: str) -> dict[str, dict[str, tuple[int, int]]]:
-        out: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-        for r in self.records:
-            if r.phase == phase:
-                out[r.module][r.op][0] += 1
-                out[r.module][r.op][1] += r.nbytes
-        return {m: {op: tuple(v) for op, v in ops.items()} for m, ops in out.items()}
 
     def block_records(self, block_prefix: str, phase: str) -> list[CommRecord]:
         """Collectives issued inside one block (e.g. "layers.1"), in issue order."""
