@@ -107,14 +107,15 @@ def read_dcp_model(
 ) -> dict[str, torch.Tensor]:
     """The model tensors of a DCP checkpoint as full, plain CPU tensors (their stored dtype)."""
     path = Path(checkpoint_dir)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{str(path)!r} does not exist. Checkpoints are written by runs with [checkpoint] "
+    if not (path / ".metadata").is_file():
+        hint = (
+            ""
+            if path.exists()
+            else ": it does not exist. Checkpoints are written by runs with [checkpoint] "
             "enable = true (e.g. `./run_train.sh --checkpoint.enable`), as "
             "<dump_folder>/checkpoint/step-N"
         )
-    if not (path / ".metadata").is_file():
-        raise FileNotFoundError(f"{str(path)!r} is not a DCP checkpoint (no .metadata file)")
+        raise FileNotFoundError(f"{str(path)!r} is not a DCP checkpoint (no .metadata file){hint}")
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     if ours.dtype and ours.command == "import":
         p.error("--dtype applies to export only")
     try:
-        job_config = parse_config(rest)
+        job_config = parse_config(rest, layout=False)  # the model only: any layout fits
         if ours.command == "export":
             out = export_safetensors(job_config, ours.src, ours.dst, _DTYPES.get(ours.dtype))
         else:

@@ -90,13 +90,14 @@ def _check_flag_values(args: list[str], cls) -> None:
             )
 
 
-def parse_config(args: list[str]):
+def parse_config(args: list[str], *, layout: bool = True):
+    """CLI + TOML -> checked JobConfig (``layout``: see :func:`check_config`)."""
     path = config_file_arg(args)
     if path is not None:
         _check_config_file(path)
     _check_flag_values(args, config_class())
     config = config_manager(config_class()).parse_args(args)
-    check_config(config)
+    check_config(config, layout=layout)
     return config
 
 
@@ -459,9 +460,10 @@ def _check_batches(config, deg: dict[str, int]) -> None:
             )
 
 
-def _check_model(config, deg: dict[str, int]) -> None:
+def _check_model(config, deg: dict[str, int] | None) -> None:
     """Model name and flavor, the [boost] options against the flavor's shapes, the TP
-    degree against the dimensions it splits, latent checkpointing, pipeline split."""
+    degree against the dimensions it splits, latent checkpointing, pipeline split
+    (``deg`` None: the model alone, no layout)."""
     from torchtitan.models import _supported_models  # noqa: F401 (registers)
     from torchtitan.protocols.train_spec import _extra_train_specs
 
@@ -551,6 +553,8 @@ def _check_model(config, deg: dict[str, int]) -> None:
                     f"needs {key} r = a*b with a, b > 1, but r = {r} is "
                     "prime; choose another rank or lax_gate = 'dense'",
                 )
+    if deg is None:
+        return
     try:
         plan = resolve_tp_plan(b.tp_plan, model_args)
     except ValueError as e:
@@ -717,10 +721,11 @@ def config_args(config):
     )
 
 
-def check_config(config, world_size: int | None = None) -> None:
+def check_config(config, world_size: int | None = None, *, layout: bool = True) -> None:
     """Fail early, with the valid choices; see the module docstring. ``world_size``:
     the launch's process count (default: ``WORLD_SIZE`` from the environment; absent:
-    the launch checks are skipped)."""
+    the launch checks are skipped). ``layout=False`` (tools that only build the model,
+    e.g. checkpoint export): the parallel layout, plan and batch checks are skipped."""
     ws = _world_size(world_size)
     _check_types(config)
     boost_config.validate_boost_config(config.boost)
@@ -728,6 +733,9 @@ def check_config(config, world_size: int | None = None) -> None:
     _check_optimizer(config)
     _check_lr_scheduler(config)
     _check_misc(config)
+    if not layout:
+        _check_model(config, None)
+        return
     deg = _check_parallelism(config, ws)
     check_compile_config(config)
     _check_model(config, deg)
