@@ -1,5 +1,5 @@
-"""parallelize_fn for every boost_titan model: TP plan, then torchtitan's AC, compile
-and FSDP2/DDP exactly as torchtitan's llama3 applies them."""
+"""parallelize_fn for every boost_titan model: TP plan, latent checkpointing, then
+torchtitan's AC, compile and FSDP2/DDP exactly as torchtitan's llama3 applies them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_
 from torchtitan.tools.logging import logger
 
 from boost_titan.compile import apply_compile, use_rank_local_compile_cache
-from boost_titan.config import LATENT_CHECKPOINT_CHUNKS, LATENT_CHECKPOINT_KEEP
 from boost_titan.cpu_runtime import fix_fsdp_reduce_for_gloo
+from boost_titan.latent_checkpoint import apply_latent_checkpointing
 from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan
 
 
@@ -49,6 +49,12 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         norm_mode=job_config.boost.rmsnorm,
         torchtitan_ac=job_config.activation_checkpoint.mode,
     )
+    if job_config.boost.latent_checkpoint != "none":
+        logger.info(
+            f"Latent (communication-free) checkpointing: {job_config.boost.latent_checkpoint} "
+            f"chunks, every {job_config.boost.latent_checkpoint_every} block(s), "
+            f"keeping {job_config.boost.latent_checkpoint_keep!r}"
+        )
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
     if job_config.compile.enable:  # the loss is compiled too: before any graph is cached
         use_rank_local_compile_cache()
@@ -80,51 +86,3 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             raise RuntimeError("DDP has not supported > 1D parallelism")
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model
-
-
-def apply_latent_checkpointing(
-    model: nn.Module,
-    mode: str,
-    every: int = 1,
-    *,
-    keep: str = "attention",
-    plan: str | None = None,
-    norm_mode: str = "online",
-    torchtitan_ac: str = "none",
-) -> None:
-    """Mark which low-rank blocks recompute which chunks in backward (see
-    ``LowRankBlock.forward``): only chunk bodies without forward collectives are
-    recomputed, so backward communicates exactly as without checkpointing. ``keep =
-    "attention"``: recomputed attention chunks also keep the attention kernel's outputs."""
-    if keep not in LATENT_CHECKPOINT_KEEP:
-        raise ValueError(
-            f"[boost] latent_checkpoint_keep = {keep!r} is not valid; "
-            f"choose one of {list(LATENT_CHECKPOINT_KEEP)}"
-        )
-    if mode == "none":
-        return
-    args = model.model_args
-    problems = []
-    if not args.low_rank:
-        problems.append("the model is dense (latent checkpointing needs bottleneck blocks)")
-    if plan not in (None, "btp"):
-        problems.append(
-            f"tp_plan {plan!r} communicates inside its chunks; use btp, or "
-            "[activation_checkpoint] mode = 'full' for the baselines"
-        )
-    if plan == "btp" and norm_mode != "online":
-        problems.append("rmsnorm = 'sync' all-reduces inside the norm; use 'online'")
-    if torchtitan_ac != "none":
-        problems.append(
-            f"[activation_checkpoint] mode = {torchtitan_ac!r} is also set; use one of the two"
-        )
-    if problems:
-        raise ValueError(f"[boost] latent_checkpoint = {mode!r}: " + "; ".join(problems))
-    for layer_id, block in model.layers.items():
-        if block is not None and int(layer_id) % every == 0:
-            block.checkpointed_chunks = frozenset(LATENT_CHECKPOINT_CHUNKS[mode])
-            block.keep_attention = keep == "attention"
-    logger.info(
-        f"Latent (communication-free) checkpointing: {mode} chunks, every {every} block(s), "
-        f"keeping {keep!r}"
-    )

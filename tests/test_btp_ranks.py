@@ -97,8 +97,8 @@ def _check_latent_checkpoint(mesh):
     from tp_sim import plain, plan_fn, reference_model, small_args
 
     from boost_titan.comm_stats import CommCounter
+    from boost_titan.latent_checkpoint import apply_latent_checkpointing
     from boost_titan.models.flavors import flavors_for
-    from boost_titan.parallelize import apply_latent_checkpointing
 
     args = small_args(flavors_for("lax")["debugmodel"])
     ref = reference_model(args, seed=0)

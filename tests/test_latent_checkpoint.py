@@ -9,9 +9,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tp_sim import plan_fn, reference_model, run_parallel, small_args
 
 from boost_titan.comm_stats import CommCounter, _block_of
+from boost_titan.latent_checkpoint import ATTENTION_OPS, apply_latent_checkpointing
 from boost_titan.models.flavors import flavors_for
-from boost_titan.models.model import _ATTENTION_OPS, Transformer
-from boost_titan.parallelize import apply_latent_checkpointing
+from boost_titan.models.model import Transformer
 
 
 def _btp_with(mode, every=1, keep="attention"):
@@ -84,9 +84,7 @@ def test_latent_checkpoint_saves_activation_memory():
     tokens = torch.randint(0, args.vocab_size, (2, 128))
     saved = {}
     for mode in ("none", "attention", "mlp", "both"):
-        for block in model.layers.values():
-            block.checkpointed_chunks = frozenset()
-        apply_latent_checkpointing(model, mode, keep="none")
+        apply_latent_checkpointing(model, mode, keep="none")  # replaces the previous mode
         saved[mode] = _saved_bytes(model, tokens)
     assert saved["attention"] < saved["none"] and saved["mlp"] < saved["none"]
     # both = the savings of the two added up (the chunks are disjoint)
@@ -109,7 +107,7 @@ class _AttentionCalls(TorchDispatchMode):
         self.calls = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += func in _ATTENTION_OPS
+        self.calls += func in ATTENTION_OPS
         return func(*args, **(kwargs or {}))
 
 

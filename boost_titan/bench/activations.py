@@ -20,7 +20,7 @@ def saved_activation_bytes(model, tokens, labels, loss_fn=lm_loss) -> int:
     from torch.distributed.tensor.parallel import loss_parallel
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from boost_titan.models import model as lowrank_model
+    from boost_titan import latent_checkpoint
 
     owned = set()
     for p in list(model.parameters()) + list(model.buffers()):
@@ -42,7 +42,7 @@ def saved_activation_bytes(model, tokens, labels, loss_fn=lm_loss) -> int:
             kept[ptr] = max(kept.get(ptr, 0), nbytes)
         return t
 
-    sac_contexts = lowrank_model.create_selective_checkpoint_contexts
+    sac_contexts = latent_checkpoint.create_selective_checkpoint_contexts
 
     def counting_contexts(policy):
         def counted(ctx, op, *args, **kwargs):
@@ -63,7 +63,9 @@ def saved_activation_bytes(model, tokens, labels, loss_fn=lm_loss) -> int:
 
     with (
         loss_parallel(),
-        mock.patch.object(lowrank_model, "create_selective_checkpoint_contexts", counting_contexts),
+        mock.patch.object(
+            latent_checkpoint, "create_selective_checkpoint_contexts", counting_contexts
+        ),
     ):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = loss_fn(model(tokens), labels)

@@ -129,7 +129,7 @@ def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inducto
     job_config = SimpleNamespace(boost=SimpleNamespace(rmsnorm=norm))
     apply_tp_plan(plan, model, mesh, loss_parallel=True, job_config=job_config)
     if ac.startswith("latent"):
-        from boost_titan.parallelize import apply_latent_checkpointing
+        from boost_titan.latent_checkpoint import apply_latent_checkpointing
 
         keep = "none" if ac.endswith("recompute-attn") else "attention"
         apply_latent_checkpointing(model, "both", keep=keep, plan=plan, norm_mode=norm)

@@ -114,12 +114,13 @@ class LatentComm:
     ``enter_up``: before the up-projections B (column-parallel under BTP: the
         backward all-reduce of the latent gradient lives here).
     ``leave_up``: after an up-projection (vanilla TP's output all-reduce).
-    ``reduce_stats``: RMSNorm statistics alone (BTP ``sync`` ablation).
+    ``normalize_input``: where the RMSNorm of a down-projection group's input is
+        applied. Online-RMSNorm (default) leaves the input unscaled and its statistics
+        pending, to ride in ``reduce_down``; a plan that normalises first (vanilla, the
+        BTP ``sync`` ablation) scales it here and returns no statistics.
     ``full_latent`` / ``local_latent``: LaX's gate and latent norm need the whole
         latent; a plan that splits r gathers it and hands B back its slice.
     """
-
-    norm_mode = "online"
 
     def enter_down(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -130,8 +131,8 @@ class LatentComm:
     def local_latent(self, latent: torch.Tensor) -> torch.Tensor:
         return latent
 
-    def reduce_stats(self, stats: torch.Tensor) -> torch.Tensor:
-        return stats
+    def normalize_input(self, x: torch.Tensor, stats: torch.Tensor, eps: float, dim: int):
+        return x, stats
 
     def reduce_down(self, latent: torch.Tensor, stats: torch.Tensor | None):
         return latent, stats
@@ -144,6 +145,11 @@ class LatentComm:
 
 
 SINGLE_DEVICE = LatentComm()
+
+
+def rms_normalize(x: torch.Tensor, stats: torch.Tensor, eps: float, dim: int) -> torch.Tensor:
+    """RMSNorm without its gain, from the per-token sum of squares over all ``dim``."""
+    return (x.float() * torch.rsqrt(stats / dim + eps)).type_as(x)
 
 
 # A group of down-projections A sharing one input runs in three steps:
@@ -160,10 +166,7 @@ def down_partial(x, projs, comm, grouped, norm=None, dim=0):
     stats = None
     if norm is not None:
         stats = x.float().pow(2).sum(-1, keepdim=True)
-        if comm.norm_mode == "sync":
-            stats = comm.reduce_stats(stats)
-            x = (x.float() * torch.rsqrt(stats / dim + norm.eps)).type_as(x)
-            stats = None
+        x, stats = comm.normalize_input(x, stats, norm.eps, dim)
         x = x * local(norm.weight)
     x = comm.enter_down(x)
     if grouped:
@@ -185,10 +188,10 @@ def down_reduce(partials, stats, comm):
     return latents, stats
 
 
-def down_finish(latents, stats, projs, comm, norm=None, dim=0) -> list[torch.Tensor]:
+def down_finish(latents, stats, projs, norm=None, dim=0) -> list[torch.Tensor]:
     """The local tail of a down-projection group: Online-RMSNorm's 1/rms scale, then one latent
     per A (a grouped GEMM's latent is split)."""
-    if norm is not None and comm.norm_mode == "online":
+    if stats is not None:  # Online-RMSNorm: the input was left unscaled
         scale = torch.rsqrt(stats / dim + norm.eps)
         latents = [(l.float() * scale).type_as(l) for l in latents]
     if len(latents) == 1 and len(projs) > 1:  # grouped: one latent for all A's

@@ -15,11 +15,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
 from torchtitan.models.llama3.model.args import RoPEScalingArgs
 from torchtitan.models.llama3.model.model import (
     Attention as DenseAttention,
@@ -45,40 +40,6 @@ from .bottleneck import (
 
 # LLaMA-2 has no RoPE frequency scaling; factor 1 makes llama3's rule the identity.
 _NO_ROPE_SCALING = RoPEScalingArgs(scaling_factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0)
-
-# The attention kernels (CPU, flash, memory-efficient, cuDNN). Their outputs (output,
-# log-sum-exp, RNG state) are what their backward needs besides q, k, v.
-_ATTENTION_OPS = frozenset(
-    getattr(torch.ops.aten, name).default
-    for name in (
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-    )
-    if hasattr(torch.ops.aten, name)
-)
-
-
-def _keep_attention_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _recompute_all_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _keep_attention_context():
-    return create_selective_checkpoint_contexts(_keep_attention_policy)
-
-
-def _recompute_all_context():
-    # Recomputes everything, like a plain checkpoint, but through the selective
-    # path: under torch.compile (2.13) a plain checkpoint of a region with DTensor
-    # to_local/from_local saves the DeviceMesh as if it were a tensor and the
-    # compiled forward fails ("expected all tensors_saved_with_vc_check to be Tensors").
-    return create_selective_checkpoint_contexts(_recompute_all_policy)
-
 
 ATTN_PROJS = ("wq", "wk", "wv", "wo")
 FFN_PROJS = ("w1", "w3", "w2")
@@ -159,9 +120,15 @@ class LowRankBlock(nn.Module):
 
     The forward is written chunk by chunk, the way BTP cuts it: every partial latent
     (``down_partial``) ends a chunk, its all-reduce (``down_reduce``) sits between
-    chunks, and the next chunk starts from the reduced latent. ``self.comm`` is the
-    tensor-parallel plan's hook (identity by default).
+    chunks, and the next chunk starts from the reduced latent. ``self.comm`` holds the
+    collectives: identities here, a tensor-parallel plan's ``LatentComm`` once its
+    ``ParallelStyle`` is applied.
     """
+
+    # The chunk bodies (methods) by chunk: local compute only under BTP, so latent
+    # checkpointing (boost_titan/latent_checkpoint.py) can wrap them from outside.
+    CHUNK_BODIES = {"attention": ("_entry", "_attention"), "mlp": ("_ffn_entry", "_mlp")}
+    ATTENTION_BODY = "_attention"  # the body holding the attention kernel
 
     def __init__(self, layer_id: int, args: LlamaArgs):
         super().__init__()
@@ -170,11 +137,6 @@ class LowRankBlock(nn.Module):
         self.grouped = args.group_linears
         self.lax = args.arch == "lax"
         self.comm: LatentComm = SINGLE_DEVICE
-        # latent checkpointing: chunks ("attention", "mlp") recomputed in backward;
-        # keep_attention: a recomputed attention chunk keeps the attention kernel's
-        # outputs (d/T wide) rather than re-running it, the chunk's costliest op
-        self.checkpointed_chunks: frozenset[str] = frozenset()
-        self.keep_attention = False
         projs = {}
         for name, (din, dout, r) in args.projection_shapes().items():
             cross = None
@@ -192,23 +154,20 @@ class LowRankBlock(nn.Module):
         if self.lax:
             x, *prev = x.split([x.shape[-1] - sum(self.latent_widths)] + self.latent_widths, -1)
         comm, f = self.comm, self.feed_forward
-        run = self._run
 
         # A chunk runs from a reduced latent (its norm scale and activation first) to
         # the next partial latent; between chunks sits only the collective
         # (down_reduce). With latent checkpointing a chunk keeps just its inputs: the
         # reduced latents and the residual stream.
         # attention chunk: attention_norm + A_q|A_k|A_v ... B_q,B_k,B_v -> heads -> A_o
-        parts, stats = run("attention", self._entry, x)
+        parts, stats = self._entry(x)
         z_qkv, stats = down_reduce(parts, stats, comm)
-        parts, carry_qkv = run(
-            "attention", self._attention, freqs_cis, positions, stats, prev[0:3], *z_qkv
-        )
+        parts, carry_qkv = self._attention(freqs_cis, positions, stats, prev[0:3], *z_qkv)
         z_o, _ = down_reduce(parts, None, comm)
         # MLP chunk: B_o -> residual -> ffn_norm + A_gate|A_up ... B_gate,B_up -> SwiGLU -> A_down
-        h, parts, stats, carry_o = run("mlp", self._ffn_entry, x, prev[3:4], *z_o)
+        h, parts, stats, carry_o = self._ffn_entry(x, prev[3:4], *z_o)
         z_gu, stats = down_reduce(parts, stats, comm)
-        parts, carry_gu = run("mlp", self._mlp, stats, prev[4:6], *z_gu)
+        parts, carry_gu = self._mlp(stats, prev[4:6], *z_gu)
         z_d, _ = down_reduce(parts, None, comm)
         # B_down -> residual stays outside: it would keep the d/T residual h instead
         # of the r-wide latent
@@ -220,8 +179,8 @@ class LowRankBlock(nn.Module):
             out = torch.cat([out, *carry_qkv, *carry_o, *carry_gu, *carry_d], -1)
         return out
 
-    # The chunk bodies: local compute only under BTP (no forward collective), so
-    # latent checkpointing can recompute them in backward without communicating.
+    # The chunk bodies (CHUNK_BODIES): local compute only under BTP (no forward
+    # collective), so latent checkpointing can recompute them without communicating.
     def _entry(self, x):
         a = self.attention
         return down_partial(
@@ -255,19 +214,12 @@ class LowRankBlock(nn.Module):
         parts, _ = down_partial(mid, [f.w2], self.comm, self.grouped)
         return parts, carry
 
-    def _run(self, chunk: str, fn, *args):
-        if chunk not in self.checkpointed_chunks:
-            return fn(*args)
-        keep = fn == self._attention and self.keep_attention
-        context = _keep_attention_context if keep else _recompute_all_context
-        return checkpoint(fn, *args, use_reentrant=False, context_fn=context)
-
     def _latents(self, projs, reduced, stats, norm, prevs):
         """Reduced latents -> (latents for the B's, latents carried to the next block):
         the norm's 1/rms scale, then act (LaX: after crossing with ``prevs``). LaX
         needs whole latents: a plan that splits r (vanilla) gathers them here and
         gives the B's back their slices; only then is this not collective-free."""
-        latents = down_finish(reduced, stats, projs, self.comm, norm, self.dim)
+        latents = down_finish(reduced, stats, projs, norm, self.dim)
         if not self.lax:
             z = [p.activate(l, None) for p, l in zip(projs, latents)]
             return z, z

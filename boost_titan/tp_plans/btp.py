@@ -15,8 +15,8 @@ c, the statistics columns: 1 for an fp32 latent; 2T for 16-bit latents (each ran
 fp32 statistic as an exact hi/lo pair in its own columns, see ``reduce_down``).
 
 Every one of those collectives is in :class:`BTPComm` below; ``ungrouped`` splits them
-per projection, ``sync`` norm adds one statistics all-reduce per norm (and one more
-for its gradient). Stack ends: the
+per projection; the ``sync`` norm ablation (:class:`BTPSyncNormComm`) adds one
+statistics all-reduce per norm (and one more for its gradient). Stack ends: the
 embedding is sharded on its embedding dim (the d/T slice costs nothing); after the
 last block one all-gather feeds the replicated final norm and a vocab-parallel head
 whose logits go to torchtitan's loss-parallel cross-entropy.
@@ -30,21 +30,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-from boost_titan.models.bottleneck import LatentComm
+from boost_titan.models.bottleneck import LatentComm, rms_normalize
 
 from .collectives import all_reduce, all_reduce_grad
-from .styles import ReplicatedModule, ShardParameters, bottleneck_block_plan
+from .styles import LowRankBlockParallel, ReplicatedModule, ShardParameters
 
 
 class BTPComm(LatentComm):
-    def __init__(self, mesh: DeviceMesh, norm_mode: str = "online"):
+    def __init__(self, mesh: DeviceMesh):
         self.mesh = mesh
-        self.norm_mode = norm_mode
-
-    def reduce_stats(self, stats: torch.Tensor) -> torch.Tensor:
-        # sync ablation: each rank then normalises its own shard with the total, so the
-        # total's gradient is a partial sum too -- it costs one more all-reduce back.
-        return all_reduce_grad(all_reduce(stats, self.mesh), self.mesh)
 
     def reduce_down(self, latent: torch.Tensor, stats: torch.Tensor | None):
         if stats is None:
@@ -94,6 +88,20 @@ class BTPComm(LatentComm):
         return all_reduce_grad(latent, self.mesh)
 
 
+class BTPSyncNormComm(BTPComm):
+    """The ``rmsnorm = "sync"`` ablation: RMSNorm statistics get their own all-reduce
+    and the input is normalised before the down-projections (one more collective per
+    norm and direction than Online-RMSNorm)."""
+
+    def normalize_input(self, x: torch.Tensor, stats: torch.Tensor, eps: float, dim: int):
+        # each rank normalises its own shard with the total, so the total's gradient is
+        # a partial sum too: it costs one more all-reduce back
+        total = all_reduce_grad(all_reduce(stats, self.mesh), self.mesh)
+        return rms_normalize(x, total, eps, dim), None
+
+
+COMM_FOR_NORM = {"online": BTPComm, "sync": BTPSyncNormComm}
+
 _BOTTLENECK_BTP = ShardParameters({"down.weight": Shard(1), "up.weight": Shard(0)})
 _NORM_SHARDED = ShardParameters({"weight": Shard(0)})
 
@@ -107,6 +115,9 @@ def apply_btp(
         {
             # weight [vocab, d] sharded on d: each rank embeds straight into its d/T slice
             "tok_embeddings": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
+            "layers.*": LowRankBlockParallel(
+                norms=_NORM_SHARDED, bottlenecks=_BOTTLENECK_BTP, comm=COMM_FOR_NORM[norm_mode]
+            ),
             "norm": ReplicatedModule(input_layout=Shard(-1)),
             "output": ColwiseParallel(
                 input_layouts=Replicate(),
@@ -115,6 +126,3 @@ def apply_btp(
             ),
         },
     )
-    for block in model.layers.values():
-        parallelize_module(block, tp_mesh, bottleneck_block_plan(_NORM_SHARDED, _BOTTLENECK_BTP))
-        block.comm = BTPComm(tp_mesh, norm_mode)

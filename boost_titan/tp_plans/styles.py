@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
@@ -11,7 +13,9 @@ from torch.distributed.tensor import (
     distribute_module,
     distribute_tensor,
 )
-from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+from boost_titan.models.bottleneck import LatentComm
 
 
 class ShardParameters(ParallelStyle):
@@ -65,14 +69,27 @@ class ReplicatedModule(ParallelStyle):
         return distribute_module(module, device_mesh, None, input_fn, output_fn)
 
 
-def bottleneck_block_plan(
-    norm_style: ParallelStyle, bottleneck_style: ParallelStyle
-) -> dict[str, ParallelStyle]:
-    """parallelize_module plan for one low-rank block: its two norms and seven
-    bottlenecks."""
-    from boost_titan.models.model import ATTN_PROJS, FFN_PROJS
+class LowRankBlockParallel(ParallelStyle):
+    """One low-rank block under a plan: its two norms and seven bottlenecks placed by
+    ``norms`` and ``bottlenecks``, and the plan's collectives attached: ``comm(mesh)``
+    is the block's :class:`~boost_titan.models.bottleneck.LatentComm`, every
+    collective of the block in one object."""
 
-    plan = {"attention_norm": norm_style, "ffn_norm": norm_style}
-    plan.update({f"attention.{n}": bottleneck_style for n in ATTN_PROJS})
-    plan.update({f"feed_forward.{n}": bottleneck_style for n in FFN_PROJS})
-    return plan
+    def __init__(
+        self,
+        norms: ParallelStyle,
+        bottlenecks: ParallelStyle,
+        comm: Callable[[DeviceMesh], LatentComm],
+    ):
+        super().__init__()
+        self.norms, self.bottlenecks, self.comm = norms, bottlenecks, comm
+
+    def _apply(self, block: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from boost_titan.models.model import ATTN_PROJS, FFN_PROJS
+
+        plan = {"attention_norm": self.norms, "ffn_norm": self.norms}
+        plan.update({f"attention.{n}": self.bottlenecks for n in ATTN_PROJS})
+        plan.update({f"feed_forward.{n}": self.bottlenecks for n in FFN_PROJS})
+        parallelize_module(block, device_mesh, plan)
+        block.comm = self.comm(device_mesh)
+        return block

@@ -25,19 +25,20 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from boost_titan.models.bottleneck import LatentComm
+from boost_titan.models.bottleneck import LatentComm, rms_normalize
 
 from .collectives import all_gather_last, all_reduce, all_reduce_grad, shard_last
-from .styles import ReplicatedModule, ShardParameters, bottleneck_block_plan
+from .styles import LowRankBlockParallel, ReplicatedModule, ShardParameters
 
 
 class VanillaComm(LatentComm):
-    # The residual is replicated, so the norm statistics are already whole: normalise
-    # first ("sync" order, reduce_stats is the identity), then enter the chunk.
-    norm_mode = "sync"
-
     def __init__(self, mesh: DeviceMesh):
         self.mesh = mesh
+
+    def normalize_input(self, x: torch.Tensor, stats: torch.Tensor, eps: float, dim: int):
+        # the residual is replicated, so the statistics are already whole: normalise
+        # first, as the authors' release does, then enter the chunk
+        return rms_normalize(x, stats, eps, dim), None
 
     def enter_down(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce_grad(x, self.mesh)
@@ -64,6 +65,9 @@ def apply_vanilla(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) ->
             "tok_embeddings": RowwiseParallel(
                 input_layouts=Replicate(), output_layouts=Replicate()
             ),
+            "layers.*": LowRankBlockParallel(
+                norms=_REPLICATED, bottlenecks=_BOTTLENECK_VANILLA, comm=VanillaComm
+            ),
             "norm": ReplicatedModule(),
             "output": ColwiseParallel(
                 input_layouts=Replicate(),
@@ -72,6 +76,3 @@ def apply_vanilla(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) ->
             ),
         },
     )
-    for block in model.layers.values():
-        parallelize_module(block, tp_mesh, bottleneck_block_plan(_REPLICATED, _BOTTLENECK_VANILLA))
-        block.comm = VanillaComm(tp_mesh)
