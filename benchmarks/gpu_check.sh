@@ -8,7 +8,7 @@
 #
 # Writes DIR/gpu_check.json (default outputs/gpu_check, relative to the repository root)
 # and prints a markdown summary; exits non-zero if compiled does not match eager.
-# Logic: boost_titan/gpu_check.py. PYTHON=... picks the interpreter (default: .venv).
+# Logic: boost_titan/gpu_check/. PYTHON=... picks the interpreter (default: .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,0 +1,78 @@
+"""One command for a GPU machine: compiled numerics, GEMM rates, throughput, memory
+(``python -m boost_titan.gpu_check``, ``bash benchmarks/gpu_check.sh``; sections, flags
+and outputs in :mod:`boost_titan.gpu_check.cli`). One module per job:
+
+    common    constants and tolerances, Sizes/SMOKE, building a seeded model, compiling
+              it as the trainer does, peak memory, guarded runs
+    steps     training steps timed, eager vs compiled losses and gradients compared
+    numerics  eager vs compiled on one device, and at TP2 on two spawned ranks
+    perf      GEMM rates, tokens/s and MFU, every run's peak memory
+    report    failures and the markdown summary
+    cli       argument parsing and the run (``__main__`` calls it)
+"""
+
+from __future__ import annotations
+
+from boost_titan.gpu_check.cli import main, run
+from boost_titan.gpu_check.common import (
+    ARCHS,
+    GRAD_RTOL,
+    LOCAL_TENSOR_NOTE,
+    LOSS_RTOL,
+    NUMERIC_STEPS,
+    SECTIONS,
+    SMOKE,
+    THROUGHPUT_ARCHS,
+    PeakMemory,
+    Sizes,
+    batch,
+    build_model,
+    compile_like_trainer,
+    fail_rather_than_fall_back,
+    graphs_compiled,
+    guarded,
+    model_args,
+    release,
+)
+from boost_titan.gpu_check.numerics import numerics, tp2
+from boost_titan.gpu_check.perf import gemm, memory, peak_flops, throughput
+from boost_titan.gpu_check.report import failures, markdown
+from boost_titan.gpu_check.steps import adamw, compare, local, plain_name, scalar, sync, train_steps
+
+__all__ = [
+    "ARCHS",
+    "GRAD_RTOL",
+    "LOCAL_TENSOR_NOTE",
+    "LOSS_RTOL",
+    "NUMERIC_STEPS",
+    "PeakMemory",
+    "SECTIONS",
+    "SMOKE",
+    "Sizes",
+    "THROUGHPUT_ARCHS",
+    "adamw",
+    "batch",
+    "build_model",
+    "compare",
+    "compile_like_trainer",
+    "fail_rather_than_fall_back",
+    "failures",
+    "gemm",
+    "graphs_compiled",
+    "guarded",
+    "local",
+    "main",
+    "markdown",
+    "memory",
+    "model_args",
+    "numerics",
+    "peak_flops",
+    "plain_name",
+    "release",
+    "run",
+    "scalar",
+    "sync",
+    "throughput",
+    "tp2",
+    "train_steps",
+]
