@@ -196,13 +196,14 @@ def resolve_peak_flops(configured: float) -> float:
 
 
 def build_metrics_processor(job_config, parallel_dims, model_args=None, tag=None):
-    """TrainSpec.build_metrics_processor_fn: torchtitan's processor, CPU-aware.
+    """TrainSpec.build_metrics_processor_fn: ``BoostMetricsProcessor``, CPU-aware.
 
     On CPU the memory monitor reports RSS and MFU uses ``[boost] cpu_peak_flops``
     (0 = measure this process's fp32 matmul peak at start-up).
     """
-    from torchtitan.components.metrics import MetricsProcessor
     from torchtitan.tools.logging import logger
+
+    from boost_titan.metrics import BoostMetricsProcessor as MetricsProcessor
 
     if not is_active():
         return MetricsProcessor(job_config, parallel_dims, tag)

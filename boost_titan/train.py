@@ -27,7 +27,8 @@ class BoostTrainer(Trainer):
     """torchtitan's Trainer, with these changes:
 
     * pipeline steps divide each microbatch loss by the step's token count before
-      backward (``boost_titan.pipeline``), so PP gradients equal non-PP gradients;
+      backward (``boost_titan.pipeline``), so PP gradients equal non-PP gradients, and
+      every PP rank logs the last stage's loss (``boost_titan.metrics``);
     * ``[boost] log_comm`` counts the collectives of the first forward/backward (count
       and bytes per op and phase, one block in detail), logs them, writes
       ``<dump_folder>/comm_stats.json`` and TensorBoard scalars;
@@ -48,6 +49,10 @@ class BoostTrainer(Trainer):
         self.guard = fault.StepGuard(
             self, boost.nan_policy, boost.nan_max_consecutive_skips, self.preemption
         )
+        if self.parallel_dims.pp_enabled:  # every PP rank logs the last stage's loss
+            self.metrics_processor.share_pipeline_loss(
+                self.parallel_dims.get_mesh("pp"), self.pp_has_last_stage
+            )
 
     def train(self):
         if self.checkpointer.enable and torch.distributed.get_rank() == 0:

@@ -118,17 +118,24 @@ def test_lax_pp2_matches_single_process(lax_seed, lax_single, tmp_path):
         "debug_lax_pp2.toml",
         2,
         tmp_path / "pp2",
-        *FAST,
+        "--metrics.no-enable-tensorboard",
         *FP32,
         *_load_seed(lax_seed),
         "--training.steps",
         "5",
+        "--validation.freq",
+        "5",
+        "--validation.steps",
+        "2",
     )
     for rank in (0, 1):
         assert f"[rank{rank}]" in run.output
     assert run.output.count(f"Loading the checkpoint from {lax_seed}") == 2
-    # rank 0 holds the first stage only: torchtitan logs -1 there
-    assert all(l == -1.0 for l in run.losses(0)), run.losses(0)
+    # rank 0 holds the first stage only; torchtitan logged -1 (validation -1/tokens)
+    # there, and rank 0 is the console's LOG_RANK: it now logs the last stage's figures
+    assert run.loss[0] == run.loss[1] and run.grad_norm[0] == run.grad_norm[1]
+    assert run.val_loss[0] == run.val_loss[1] and 5 in run.val_loss[0]
+    assert all(0 < v < 2 * run.loss[1][1] for v in run.val_loss[0].values()), run.val_loss
     pp = run.losses(1)
     ref = lax_single.losses(0)
     assert len(pp) == 5

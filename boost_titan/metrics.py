@@ -1,0 +1,43 @@
+"""torchtitan's MetricsProcessor, with every pipeline rank logging the true loss.
+
+Under PP only the rank holding the last stage computes the loss; torchtitan's trainer
+logs ``-1`` on every other rank and its validator ``-1 / tokens``, and the console
+shows rank 0 (``LOG_RANK``), which holds the first stage: ``loss: -1.00000``. Here the
+last stage's figures are handed to every pipeline rank just before they are printed or
+written: one all-reduce of two float64 scalars over the PP mesh per logged step (and
+one per validation), the other ranks contributing zeros, so the result is the last
+stage's value exactly. The gradient norm needs nothing: ``clip_grad_norm_`` already
+reduces it over the PP mesh.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools import utils
+
+
+class BoostMetricsProcessor(MetricsProcessor):
+    _pp_mesh: DeviceMesh | None = None
+    _has_last_stage = True
+
+    def share_pipeline_loss(self, pp_mesh: DeviceMesh, has_last_stage: bool) -> None:
+        """Called by the trainer once the stages are placed."""
+        self._pp_mesh, self._has_last_stage = pp_mesh, has_last_stage
+
+    def _last_stage(self, *values: float) -> list[float]:
+        if self._pp_mesh is None:
+            return list(values)
+        mine = [float(v) for v in values] if self._has_last_stage else [0.0] * len(values)
+        t = torch.tensor(mine, dtype=torch.float64, device=utils.device_type)
+        torch.distributed.all_reduce(t, group=self._pp_mesh.get_group())
+        return t.tolist()
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        global_avg_loss, global_max_loss = self._last_stage(global_avg_loss, global_max_loss)
+        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
+
+    def log_validation(self, loss, step, extra_metrics=None):
+        (loss,) = self._last_stage(loss)
+        super().log_validation(loss, step, extra_metrics)
