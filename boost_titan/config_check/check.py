@@ -35,12 +35,15 @@ def _world_size(world_size: int | None) -> int | None:
     return ws
 
 
-def check_config(config, world_size: int | None = None, *, layout: bool = True) -> None:
+def check_config(
+    config, world_size: int | None = None, *, layout: bool = True, files: bool = True
+) -> None:
     """Fail early, with the valid choices; see :mod:`boost_titan.config_check`.
     ``world_size``: the launch's process count (default: ``WORLD_SIZE`` from the
     environment; absent: the launch checks are skipped). ``layout=False`` (tools that
     only build the model, e.g. checkpoint export): the parallel layout, plan and batch
-    checks are skipped."""
+    checks are skipped. ``files=False`` (the dry run): the launch checks without the
+    data and tokenizer files."""
     ws = _world_size(world_size)
     _check_types(config)
     boost_config.validate_boost_config(config.boost)
@@ -55,5 +58,5 @@ def check_config(config, world_size: int | None = None, *, layout: bool = True) 
     check_compile_config(config)
     _check_model(config, deg)
     _check_batches(config, deg)
-    if ws is not None:
+    if ws is not None and files:
         _check_files(config)
