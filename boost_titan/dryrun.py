@@ -118,13 +118,16 @@ def _walk_order(actions, stage_ids: list[int], act: dict[int, int]) -> tuple[lis
 
 
 def _stage_input(part, args, tp: int, plan: str, mb: int, seq: int, dtype, gen):
-    """A stage's input: tokens for the first stage, else the hidden state a block hands
-    on (BTP: the d/T residual shard; LaX: the carried latents, whole, appended)."""
+    """A stage's input: tokens for the first stage, else the local hidden state a block
+    hands on: BTP the d/T residual shard (LaX: the carried latents, whole, appended);
+    torchtitan's full-rank plan (sequence parallel) an s/T slice; vanilla all of it."""
     import torch
 
     if part.tok_embeddings is not None:
         return torch.randint(0, args.vocab_size, (mb, seq), generator=gen)
     width = args.dim // tp if plan == "btp" and tp > 1 else args.dim
+    if plan == "fullrank" and tp > 1:
+        seq //= tp
     h = torch.randn(mb, seq, width + _lax_width(args), generator=gen).to(dtype)
     return h.requires_grad_()
 
@@ -204,6 +207,21 @@ def _saved_bytes(fn, modules) -> int:
     return sum(kept.values())
 
 
+def _step_tracker():
+    """torch's MemTracker, keeping only the whole-rank peak: its per-module peaks loop
+    over every module on every op (half the dry run's time) and are not reported."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepMemTracker(MemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, dev_snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                    self._peak_mem[dev] = dev_snap["Total"]
+                    self._peak_mem_snap[dev] = dict(dev_snap)
+
+    return StepMemTracker()
+
+
 def _loss_context(pd):
     import contextlib
 
@@ -230,7 +248,6 @@ def trace_role(config, pd, *, fake: bool, device=None) -> RoleReport:
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
@@ -291,9 +308,14 @@ def trace_role(config, pd, *, fake: bool, device=None) -> RoleReport:
             with _loss_context(pd):
                 backward(forward(k))
 
-        # step 1 allocates gradients and optimizer states (what every later step keeps)
-        for k in range(len(parts)):
-            fwd_bwd(k)
+        # step 1 allocates gradients and optimizer states (what every later step keeps);
+        # traced, its gradients are zeros of each parameter's (sharded) shape
+        for k, part in enumerate(parts):
+            if fake:
+                for q in part.parameters():
+                    q.grad = torch.zeros_like(q)
+            else:
+                fwd_bwd(k)
         optimizers.step()
         params = _local_bytes(q for part in parts for q in part.parameters())
         grads = _local_bytes(
@@ -305,7 +327,7 @@ def trace_role(config, pd, *, fake: bool, device=None) -> RoleReport:
         counter = _GroupCounter()
         for k in range(len(parts)):
             if fake:
-                tracker = MemTracker()
+                tracker = _step_tracker()
                 tracker.track_external(*parts, optimizers)
                 with tracker, counter.hook, _loss_context(pd):
                     out = forward(k)
@@ -360,9 +382,42 @@ def dry_run_role(config, world_size: int, pp_rank: int) -> RoleReport:
         dist.destroy_process_group()
 
 
-def dry_run(config, world_size: int) -> list[RoleReport]:
-    pp = config.parallelism.pipeline_parallel_degree
-    return [dry_run_role(config, world_size, s) for s in range(pp)]
+def budget_bytes(gpu_gib: float, headroom: float) -> float:
+    """What the traced tensors may use: the GPU less ``headroom`` (a fraction) for what
+    the trace does not see: CUDA context, NCCL buffers, allocator fragmentation."""
+    return gpu_gib * GIB * (1 - headroom)
+
+
+def fits(reports: list[RoleReport], gpu_gib: float, headroom: float = 0.1) -> bool:
+    return all(r.peak_bytes <= budget_bytes(gpu_gib, headroom) for r in reports)
+
+
+def _role_worker(config_args: list[str], world_size: int, pp_rank: int) -> RoleReport:
+    from boost_titan import cpu_runtime
+
+    cpu_runtime.activate()
+    quiet_warnings()
+    from boost_titan.config_check import parse_config
+
+    config = parse_config(config_args)
+    config.compile.enable = False  # eager figures (see the module docstring)
+    return dry_run_role(config, world_size, pp_rank)
+
+
+def dry_run(config_args: list[str], world_size: int, pp: int) -> list[RoleReport]:
+    """Each role in a fresh process (DTensor caches sharding decisions with their
+    process groups, which a second fake world in one process would reuse stale);
+    as many at a time as there are cores."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = max(1, min(pp, os.cpu_count() or 1))
+    with ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1
+    ) as pool:
+        futures = [pool.submit(_role_worker, config_args, world_size, s) for s in range(pp)]
+        return [f.result() for f in futures]
 
 
 def measure(config) -> list[RoleReport] | None:
@@ -395,7 +450,7 @@ def measure(config) -> list[RoleReport] | None:
     return [everyone[s * (len(everyone) // per_stage)] for s in range(per_stage)]
 
 
-def format_reports(reports: list[RoleReport], gpu_gib: float) -> str:
+def format_reports(reports: list[RoleReport], gpu_gib: float, headroom: float) -> str:
     lines = [
         f"{'role':14s} {'ranks':>5s} {'params':>9s} {'grads':>9s} {'optim':>9s} "
         f"{'act/mb':>9s} {'in flight':>10s} {'act peak':>9s} {'peak':>9s} {'TP/step':>9s}  fits"
@@ -407,15 +462,25 @@ def format_reports(reports: list[RoleReport], gpu_gib: float) -> str:
             f"{','.join(map(str, r.microbatches_in_flight)):>10s} "
             f"{r.activation_peak_bytes / GIB:8.2f}G {r.peak_bytes / GIB:8.2f}G "
             f"{r.tp_bytes_per_step / GIB:8.2f}G  "
-            f"{'yes' if r.peak_bytes <= gpu_gib * GIB else 'NO'}"
+            f"{'yes' if r.peak_bytes <= budget_bytes(gpu_gib, headroom) else 'NO'}"
         )
     return "\n".join(lines)
+
+
+def quiet_warnings() -> None:
+    """Warnings a dry run raises by design (parallelize plan keys of modules a
+    pipeline stage does not hold print the whole model; fake-backend notes)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Parallelize plan key")
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
 
 
 def main(argv: list[str] | None = None) -> int:
     from boost_titan import cpu_runtime
 
     cpu_runtime.activate()
+    quiet_warnings()
     from boost_titan.config_check import check_config, parse_config
 
     ap = argparse.ArgumentParser(
@@ -426,6 +491,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="TOML config (a recipe)")
     ap.add_argument("--ngpu", type=int, required=True, help="world size of the launch")
     ap.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
+    ap.add_argument(
+        "--headroom",
+        type=float,
+        default=0.1,
+        help="fraction of --gpu-memory kept free for what the trace does not see (CUDA "
+        "context, NCCL buffers, fragmentation; default 0.1)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--measure",
@@ -435,8 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     a, overrides = ap.parse_known_args(argv)
     if a.ngpu < 1:
         ap.error(f"--ngpu {a.ngpu} must be >= 1")
+    config_args = ["--job.config_file", a.config, *overrides]
     try:
-        config = parse_config(["--job.config_file", a.config, *overrides])
+        config = parse_config(config_args)
         check_config(config, world_size=a.ngpu, files=False)
     except (ValueError, FileNotFoundError) as e:
         print(f"dryrun: {e}", file=sys.stderr)
@@ -447,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         if reports is None:
             return 0
     else:
-        reports = dry_run(config, a.ngpu)
-    fits = all(r.peak_bytes <= a.gpu_memory * GIB for r in reports)
+        reports = dry_run(config_args, a.ngpu, config.parallelism.pipeline_parallel_degree)
+    ok = fits(reports, a.gpu_memory, a.headroom)
     if a.json:
         print(
             json.dumps(
@@ -456,23 +529,28 @@ def main(argv: list[str] | None = None) -> int:
                     "config": a.config,
                     "ngpu": a.ngpu,
                     "gpu_memory_gib": a.gpu_memory,
-                    "fits": fits,
+                    "headroom": a.headroom,
+                    "fits": ok,
                     "roles": [asdict(r) for r in reports],
                 },
                 indent=2,
             )
         )
     else:
-        print(f"{a.config} on {a.ngpu} GPUs of {a.gpu_memory:g} GiB")
-        print(format_reports(reports, a.gpu_memory))
+        budget = budget_bytes(a.gpu_memory, a.headroom)
+        print(
+            f"{a.config} on {a.ngpu} GPUs of {a.gpu_memory:g} GiB "
+            f"(budget {budget / GIB:.1f} GiB: {a.headroom:.0%} headroom)"
+        )
+        print(format_reports(reports, a.gpu_memory, a.headroom))
         for r in reports:
-            if r.peak_bytes > a.gpu_memory * GIB:
+            if r.peak_bytes > budget:
                 print(
                     f"does not fit: {r.role} needs {r.peak_bytes / GIB:.1f} GiB per rank "
-                    f"> {a.gpu_memory:g} GiB",
+                    f"> {budget / GIB:.1f} GiB ({a.gpu_memory:g} GiB less {a.headroom:.0%})",
                     file=sys.stderr,
                 )
-    return 0 if fits else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,224 @@
+"""Write ``recipes/<model>_<size>.toml`` and the README's recipe table.
+
+    python -m boost_titan.tools.recipes --write      # (re)write every recipe
+    python -m boost_titan.tools.recipes --table      # markdown table from the dry run
+    python -m boost_titan.tools.recipes --write --table   # both, one dry run per choice
+
+Every recipe extends ``recipes/base/gpu.toml`` and sets only its model, its layout (the
+BOOST paper's: 3B TP2, 7B TP4, 13B TP4 x PP2, 30B/34B TP4 x PP4, FSDP2 over the rest;
+1B FSDP2 only) and its activation checkpointing. That last choice is the dry run's
+(:mod:`boost_titan.dryrun`), not ours: the first option, in order of cost, whose peak
+fits ``--gpu-memory`` less the headroom. Low-rank models under BTP: no checkpointing,
+then latent checkpointing of the MLP chunks, the attention chunks, both. Dense models:
+none, then torchtitan's full AC (which the compiled TP path refuses: those recipes then
+run eager). The vanilla low-rank TP baseline is one override: ``--boost.tp_plan vanilla``
+(its latent checkpointing does not apply: add ``--boost.latent_checkpoint none``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+ARCHS = ("dense", "svd", "cola", "lax")
+MODEL_NAME = {"dense": "llama2", "svd": "svd_llama2", "cola": "cola_llama2", "lax": "lax_llama2"}
+# size -> (tp, pp, gpus)
+LAYOUTS = {
+    "1b": (1, 1, 8),
+    "3b": (2, 1, 8),
+    "7b": (4, 1, 8),
+    "13b": (4, 2, 16),
+    "30b": (4, 4, 32),
+    "34b": (4, 4, 32),
+}
+LR = {"dense": 3e-4, "svd": 3e-3, "cola": 3e-3, "lax": 3e-3}
+PP_SCHEDULE = "Interleaved1F1B"
+STAGES_PER_RANK = 2
+RECIPES_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    label: str
+    toml: dict[str, dict[str, object]]
+
+
+LOW_RANK_OPTIONS = (
+    Checkpointing("none", {}),
+    Checkpointing("latent mlp", {"boost": {"latent_checkpoint": "mlp"}}),
+    Checkpointing("latent attention", {"boost": {"latent_checkpoint": "attention"}}),
+    Checkpointing("latent both", {"boost": {"latent_checkpoint": "both"}}),
+)
+DENSE_OPTIONS = (
+    Checkpointing("none", {}),
+    Checkpointing(
+        "full AC (eager)",
+        {"activation_checkpoint": {"mode": "full"}, "compile": {"enable": False}},
+    ),
+)
+
+
+def recipe_name(arch: str, size: str) -> str:
+    return f"{MODEL_NAME[arch]}_{size}"
+
+
+def _stage_split(n_layers: int, stages: int) -> tuple[int, int]:
+    """first/last stage 'less layers' (embedding, head) that make the split exact."""
+    for less in (2, 1, 0):
+        if (n_layers + 2 * less) % stages == 0:
+            return less, less
+    raise ValueError(f"{n_layers} layers do not split into {stages} stages")
+
+
+def recipe_toml(arch: str, size: str, ckpt: Checkpointing) -> str:
+    from boost_titan.models.flavors import flavors_for
+
+    tp, pp, gpus = LAYOUTS[size]
+    plan = "fullrank" if arch == "dense" else "btp"
+    name = recipe_name(arch, size)
+    layout = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "") + f", FSDP2 x{gpus // (tp * pp)}"
+    lines = [
+        f"# {MODEL_NAME[arch]} {size}: {layout} on {gpus} GPUs, {plan} TP plan, "
+        f"activation checkpointing: {ckpt.label}",
+        "# (chosen by the dry run: python -m boost_titan.tools.recipes --write).",
+        f"#   dry run:   python -m boost_titan.dryrun --config recipes/{name}.toml --ngpu {gpus}",
+        f"#   one node:  CONFIG_FILE=recipes/{name}.toml NGPU=8 ./run_train.sh",
+        f"#   SLURM:     sbatch --nodes={max(1, gpus // 8)} recipes/slurm_train.sh "
+        f"recipes/{name}.toml",
+    ]
+    if arch != "dense":
+        lines.append(
+            "#   vanilla TP baseline: --boost.tp_plan vanilla --boost.latent_checkpoint none"
+        )
+    sections: dict[str, dict[str, object]] = {
+        "job": {"dump_folder": f"./outputs/{name}", "description": f"{name}, {layout}"},
+        "model": {"name": MODEL_NAME[arch], "flavor": size},
+        "optimizer": {"lr": LR[arch]},
+        "parallelism": {"tensor_parallel_degree": tp},
+        "boost": {"tp_plan": plan},
+    }
+    if pp > 1:
+        n_layers = flavors_for(arch)[size].n_layers
+        first, last = _stage_split(n_layers, pp * STAGES_PER_RANK)
+        sections["parallelism"].update(
+            pipeline_parallel_degree=pp,
+            pipeline_parallel_schedule=PP_SCHEDULE,
+            pipeline_parallel_first_stage_less_layers=first,
+            pipeline_parallel_last_stage_less_layers=last,
+        )
+    for section, values in ckpt.toml.items():
+        sections.setdefault(section, {}).update(values)
+    lines += ['extends = "base/gpu.toml"', ""]
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return repr(v)
+
+
+def _dry_run(path: str, gpus: int):
+    from boost_titan.config_check import check_config, parse_config
+    from boost_titan.dryrun import dry_run
+
+    config = parse_config(["--job.config_file", path])
+    check_config(config, world_size=gpus, files=False)
+    return dry_run(["--job.config_file", path], gpus, config.parallelism.pipeline_parallel_degree)
+
+
+def choose(arch: str, size: str, gpu_gib: float, headroom: float, log=print):
+    """Write the first checkpointing option that fits; returns (option, roles)."""
+    from boost_titan.dryrun import fits
+
+    path = os.path.join(RECIPES_DIR, f"{recipe_name(arch, size)}.toml")
+    options = DENSE_OPTIONS if arch == "dense" else LOW_RANK_OPTIONS
+    gpus = LAYOUTS[size][2]
+    for ckpt in options:
+        with open(path, "w") as f:
+            f.write(recipe_toml(arch, size, ckpt))
+        try:
+            roles = _dry_run(path, gpus)
+        except ValueError as e:  # refused at parse time (e.g. compiled TP + AC)
+            log(f"{recipe_name(arch, size)}: {ckpt.label}: refused ({e})")
+            continue
+        peak = max(r.peak_bytes for r in roles) / 2**30
+        log(f"{recipe_name(arch, size)}: {ckpt.label}: peak {peak:.1f} GiB")
+        if fits(roles, gpu_gib, headroom):
+            return ckpt, roles
+    raise SystemExit(f"{recipe_name(arch, size)}: no option fits {gpu_gib:g} GiB")
+
+
+TABLE_HEAD = [
+    "| recipe | layout | GPUs | activation checkpointing | peak GiB/rank | "
+    "params+grads+AdamW GiB/rank | TP GiB/step/rank |",
+    "|---|---|---|---|---|---|---|",
+]
+
+
+def table_row(arch: str, size: str, label: str, roles) -> str:
+    tp, pp, gpus = LAYOUTS[size]
+    worst = max(roles, key=lambda r: r.peak_bytes)
+    static = max(r.params_bytes + r.grads_bytes + r.optimizer_bytes for r in roles)
+    layout = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "") + f" x FSDP{gpus // (tp * pp)}"
+    return (
+        f"| {recipe_name(arch, size)} | {layout} | {gpus} | {label} | "
+        f"{worst.peak_bytes / 2**30:.1f} | {static / 2**30:.1f} | "
+        f"{max(r.tp_bytes_per_step for r in roles) / 2**30:.2f} |"
+    )
+
+
+def table() -> str:
+    """The table of the recipes as written (one dry run each)."""
+    import re
+
+    rows = list(TABLE_HEAD)
+    for size in LAYOUTS:
+        for arch in ARCHS:
+            path = os.path.join(RECIPES_DIR, f"{recipe_name(arch, size)}.toml")
+            with open(path) as f:
+                label = re.search(r"activation checkpointing: (.*)$", f.readline()).group(1)
+            rows.append(table_row(arch, size, label, _dry_run(path, LAYOUTS[size][2])))
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from boost_titan import cpu_runtime
+    from boost_titan.dryrun import quiet_warnings
+
+    cpu_runtime.activate()
+    quiet_warnings()
+    ap = argparse.ArgumentParser(prog="python -m boost_titan.tools.recipes", description=__doc__)
+    ap.add_argument("--write", action="store_true", help="(re)write every recipe")
+    ap.add_argument("--table", action="store_true", help="print the README's recipe table")
+    ap.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
+    ap.add_argument("--headroom", type=float, default=0.1)
+    ap.add_argument("--only", nargs="*", default=None, help="recipe names to write")
+    a = ap.parse_args(argv)
+    if not (a.write or a.table):
+        ap.error("say --write and/or --table")
+    if a.write:
+        rows = list(TABLE_HEAD)
+        for size in LAYOUTS:
+            for arch in ARCHS:
+                if a.only and recipe_name(arch, size) not in a.only:
+                    continue
+                ckpt, roles = choose(arch, size, a.gpu_memory, a.headroom)
+                rows.append(table_row(arch, size, ckpt.label, roles))
+        if a.table:  # the figures of the choices just made
+            print("\n".join(rows))
+    elif a.table:
+        print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

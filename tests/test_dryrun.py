@@ -1,0 +1,149 @@
+"""The dry run (``python -m boost_titan.dryrun``) against real ranks, and every recipe
+at its world size.
+
+Ground truth: ``--measure`` builds the same config on real gloo ranks (torchrun), steps
+it on real tensors and measures what the dry run traces: local parameter, gradient and
+optimizer-state bytes (real backward and AdamW step), the bytes autograd saves for one
+microbatch per stage (saved-tensor hooks, not MemTracker), and the collectives counted
+on the TP process group. Exact for all but activations; activations within 10% (the
+dry run also counts a non-last stage's live output, which is not saved).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _dry(config: str, ngpu: int, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "boost_titan.dryrun", "--config", config, "--ngpu", str(ngpu), *extra],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
+
+
+def _measured(config: str, ngpu: int) -> dict:
+    proc = subprocess.run(
+        [
+            TORCHRUN,
+            "--standalone",  # a free port: other suites' torchruns may be running
+            "--nproc-per-node",
+            str(ngpu),
+            "-m",
+            "boost_titan.dryrun",
+            "--config",
+            config,
+            "--ngpu",
+            str(ngpu),
+            "--measure",
+            "--json",
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout[proc.stdout.index("{") :])  # only rank 0 prints
+
+
+@pytest.mark.parametrize(
+    "config,ngpu",
+    [
+        ("train_configs/debug_cola_btp_tp2.toml", 2),
+        ("train_configs/debug_cola_btp_tp2_fsdp2.toml", 4),
+        ("train_configs/debug_cola_btp_tp2_pp2_interleaved.toml", 4),
+        ("train_configs/debug_lax_pp2.toml", 2),
+    ],
+)
+def test_dry_run_equals_real_ranks(config, ngpu):
+    dry, real = _json(_dry(config, ngpu, "--json")), _measured(config, ngpu)
+    assert len(dry["roles"]) == len(real["roles"]) >= 1
+    for d, r in zip(dry["roles"], real["roles"]):
+        print(config, d["role"], "activations dry", d["stage_activation_bytes"], "real",
+              r["stage_activation_bytes"])  # fmt: skip
+        assert d["stages"] == r["stages"]
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "tp_bytes_per_step",
+                    "tp_collectives_per_step"):  # fmt: skip
+            assert d[key] == r[key], (key, d[key], r[key])
+        assert d["params_bytes"] > 0 and d["optimizer_bytes"] >= 2 * d["params_bytes"]
+        for a, b in zip(d["stage_activation_bytes"], r["stage_activation_bytes"]):
+            assert abs(a - b) <= 0.1 * b, (a, b)
+    if "tp2" in config:
+        assert dry["roles"][0]["tp_collectives_per_step"] > 0
+
+
+def _recipes() -> list[tuple[str, int]]:
+    from boost_titan.tools.recipes import ARCHS, LAYOUTS, recipe_name
+
+    return [
+        (f"recipes/{recipe_name(arch, size)}.toml", gpus)
+        for size, (_, _, gpus) in LAYOUTS.items()
+        for arch in ARCHS
+    ]
+
+
+def test_every_recipe_fits_at_its_world_size():
+    """Every recipe builds, shards and fits an 80 GB GPU (10% headroom) at the world
+    size it is written for. Two dry runs at a time (one per core)."""
+    recipes = _recipes()
+    assert len(recipes) == 24 and all((REPO / r).is_file() for r, _ in recipes)
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda rg: _dry(rg[0], rg[1], "--json"), recipes))
+    bad = []
+    for (recipe, gpus), proc in zip(recipes, procs):
+        rep = _json(proc)
+        peak = max(r["peak_bytes"] for r in rep["roles"]) / 2**30
+        print(f"{recipe} on {gpus}: peak {peak:.1f} GiB, fits {rep['fits']}")
+        if proc.returncode != 0 or not rep["fits"]:
+            bad.append((recipe, peak))
+    assert not bad, bad
+
+
+def test_too_big_layout_is_refused_with_the_figure():
+    proc = _dry(
+        "recipes/llama2_30b.toml",
+        8,
+        "--gpu-memory",
+        "40",
+        "--parallelism.tensor_parallel_degree",
+        "1",
+        "--parallelism.pipeline_parallel_degree",
+        "1",
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "does not fit: every rank needs" in proc.stderr
+    assert "> 36.0 GiB (40 GiB less 10%)" in proc.stderr
+    assert " NO" in proc.stdout
+
+
+def test_bad_input_is_refused_when_parsed():
+    proc = _dry("recipes/cola_llama2_7b.toml", 6)
+    assert proc.returncode == 2
+    assert "dryrun:" in proc.stderr and "6" in proc.stderr, proc.stderr[-2000:]
