@@ -24,6 +24,8 @@ LATENT_CHECKPOINT_CHUNKS = {
 LATENT_CHECKPOINT = tuple(LATENT_CHECKPOINT_CHUNKS)
 LATENT_CHECKPOINT_KEEP = ("attention", "none")
 NAN_POLICIES = ("stop", "skip")
+OPTIMIZERS = ("Adam", "AdamW", "LORO")
+LORO_REFRESH = ("all", "factors", "regular", "none")
 
 
 @dataclass
@@ -94,8 +96,29 @@ class Boost:
 
 
 @dataclass
+class Optimizer:
+    """LORO's settings, merged into torchtitan's ``[optimizer]`` section (read only when
+    ``name = "LORO"``). Defaults are the reference scripts' (mzf666/LORO-main)."""
+
+    loro_freq: int = 500
+    """K: every K-th optimizer step is an exact Riemannian step (QR, tangent-space
+    projection, 2r x 2r SVD); the others are lazy (scaled Adam on the factors)."""
+
+    loro_lr_scaler: float = -1.0
+    """Learning-rate multiplier of the lazy factor steps; -1: r / d per factor pair."""
+
+    loro_refresh: str = "all"
+    """Adam states zeroed after each exact step: "all", "factors", "regular" or "none"."""
+
+    loro_restart_warmup: int = 5
+    """After each exact step the learning rate restarts near 0 and ramps back linearly
+    over this many steps (the reference's cosine_restart warm-up); 0 disables."""
+
+
+@dataclass
 class JobConfig:
     boost: Boost = field(default_factory=Boost)
+    optimizer: Optimizer = field(default_factory=Optimizer)
 
 
 def validate_boost_config(boost: Boost) -> None:

@@ -9,7 +9,6 @@ lax_llama2   CoLA with latent crossing between blocks
 from __future__ import annotations
 
 from torchtitan.components.lr_scheduler import build_lr_schedulers
-from torchtitan.components.optimizer import build_optimizers
 from torchtitan.components.tokenizer import build_hf_tokenizer
 from torchtitan.components.validate import Validator
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
@@ -19,6 +18,7 @@ from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, regis
 from boost_titan import cpu_runtime, datasets
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
+from boost_titan.optim import build_optimizers
 from boost_titan.parallelize import parallelize_boost
 from boost_titan.pipeline import build_loss_fn
 

@@ -27,6 +27,8 @@ def _check_model(config, deg: dict[str, int] | None) -> None:
             f"torchtitan models: {sorted(_supported_models)} ([model] name)"
         )
     if name not in _extra_train_specs:
+        if config.optimizer.name == "LORO":
+            raise bad("optimizer", "name", "LORO", f"trains boost_titan's svd_llama2, not {name!r}")
         return
     table = _extra_train_specs[name].model_args
     if flavor not in table:
@@ -102,6 +104,7 @@ def _check_model(config, deg: dict[str, int] | None) -> None:
                     f"needs {key} r = a*b with a, b > 1, but r = {r} is "
                     "prime; choose another rank or lax_gate = 'dense'",
                 )
+    _check_loro_model(config, model_args, what)
     if deg is None:
         return
     try:
@@ -119,6 +122,20 @@ def _check_model(config, deg: dict[str, int] | None) -> None:
             ) from None
     _check_latent_checkpoint(config, model_args, plan if tp > 1 else None)
     check_pipeline_config(config, model_args.n_layers)
+
+
+def _check_loro_model(config, model_args, what: str) -> None:
+    if config.optimizer.name != "LORO":
+        return
+    if not model_args.low_rank or model_args.activation != "none":
+        inside = "no factors" if not model_args.low_rank else f"{model_args.activation!r} inside"
+        raise bad(
+            "optimizer",
+            "name",
+            "LORO",
+            f"needs W = B A (a bottleneck without activation), but {what} has {inside}; "
+            "use svd_llama2 (latent_act 'default' or 'none'), or name = 'AdamW'",
+        )
 
 
 def _tp_ok(args, tp: int, plan: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from boost_titan.config import LORO_REFRESH, OPTIMIZERS
 from boost_titan.config_check.common import _at_least, bad
 
 
@@ -58,8 +59,8 @@ def _check_dataset_name(section: str, name: str) -> None:
 
 def _check_optimizer(config) -> None:
     o, pp = config.optimizer, config.parallelism.pipeline_parallel_degree
-    if o.name not in ("Adam", "AdamW"):
-        raise bad("optimizer", "name", o.name, "is not valid; choose one of ['Adam', 'AdamW']")
+    if o.name not in OPTIMIZERS:
+        raise bad("optimizer", "name", o.name, f"is not valid; choose one of {list(OPTIMIZERS)}")
     for key in ("lr", "eps", "weight_decay"):
         value = getattr(o, key)
         if not (value >= 0 and math.isfinite(value)):
@@ -74,6 +75,35 @@ def _check_optimizer(config) -> None:
             "early_step_in_backward",
             True,
             f"does not work with pipeline parallelism (pipeline_parallel_degree {pp})",
+        )
+    if o.name == "LORO":
+        _check_loro(config)
+
+
+def _check_loro(config) -> None:
+    o = config.optimizer
+    _at_least("optimizer", "loro_freq", o.loro_freq, 1)
+    _at_least("optimizer", "loro_restart_warmup", o.loro_restart_warmup, 0)
+    if o.loro_refresh not in LORO_REFRESH:
+        raise bad(
+            "optimizer",
+            "loro_refresh",
+            o.loro_refresh,
+            f"is not valid; choose one of {list(LORO_REFRESH)}",
+        )
+    if not (o.loro_lr_scaler == -1 or (o.loro_lr_scaler >= 0 and math.isfinite(o.loro_lr_scaler))):
+        raise bad(
+            "optimizer",
+            "loro_lr_scaler",
+            o.loro_lr_scaler,
+            "must be -1 (r / d) or a finite number >= 0",
+        )
+    if o.early_step_in_backward:
+        raise bad(
+            "optimizer",
+            "early_step_in_backward",
+            True,
+            "does not work with LORO (its exact step updates both factors of a pair together)",
         )
 
 
