@@ -118,7 +118,7 @@ CLI_VALUES: dict[tuple[str, str], list[str]] = {
         "./data/boost_corpus",
         "./train_configs",
     ],
-    ("optimizer", "name"): ["AdamW", "Adam", "SGD"],
+    ("optimizer", "name"): ["AdamW", "Adam", "SGD", "LORO"],
     ("optimizer", "lr"): ["0", "1e-3", "-1e-3", "nan"],
     ("optimizer", "beta1"): ["0.9", "1.5", "-0.1"],
     ("optimizer", "weight_decay"): ["0", "-0.1"],
@@ -369,10 +369,8 @@ def early_stages(config, world_size: int) -> None:
     process group of ``world_size`` ranks: whatever fails here fails in a real run."""
     import torch
     import torch.distributed as dist
-    from torch import nn
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torchtitan.components.lr_scheduler import build_lr_schedulers
-    from torchtitan.components.optimizer import build_optimizers
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols import train_spec as ts
 
@@ -411,7 +409,8 @@ def early_stages(config, world_size: int) -> None:
             )
         else:
             spec.parallelize_fn(model, dims, config)
-        optimizers = build_optimizers([nn.Linear(2, 2)], config.optimizer, dims)
+        # the spec's builder on the (meta) model: LORO finds its factor pairs here
+        optimizers = spec.build_optimizers_fn([model], config.optimizer, dims)
         schedulers = build_lr_schedulers(optimizers, config.lr_scheduler, t.steps)
         for _ in range(min(t.steps, 2000)):  # the LR factor of every training step
             schedulers.step()

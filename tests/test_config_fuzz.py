@@ -287,7 +287,43 @@ FIXED: list[tuple[Case, str, str]] = [
     (
         Case(T, 1, "cli", [["optimizer", "name", "SGD"]]),
         "clean",
-        "[optimizer] name = 'SGD' is not valid; choose one of ['Adam', 'AdamW']",
+        "[optimizer] name = 'SGD' is not valid; choose one of ['Adam', 'AdamW', 'LORO']",
+    ),
+    (
+        Case(T, 1, "cli", [["optimizer", "name", "LORO"]]),
+        "clean",
+        "[optimizer] name = 'LORO' needs W = B A (a bottleneck without activation), but "
+        "model 'cola_llama2' flavor 'debugmodel' has 'silu' inside",
+    ),
+    (
+        Case(
+            T,
+            1,
+            "cli",
+            [
+                ["model", "name", "svd_llama2"],
+                ["optimizer", "name", "LORO"],
+                ["boost", "latent_act", "silu"],
+            ],
+        ),
+        "clean",
+        "[optimizer] name = 'LORO' needs W = B A",
+    ),
+    (
+        Case(T, 1, "cli", [["model", "name", "llama2"], ["optimizer", "name", "LORO"]]),
+        "clean",
+        "has no factors; use svd_llama2",
+    ),
+    (
+        Case(T, 1, "cli", [["optimizer", "name", "LORO"], ["optimizer", "loro_freq", "0"]]),
+        "clean",
+        "[optimizer] loro_freq = 0 must be >= 1",
+    ),
+    (
+        Case(T, 1, "cli", [["optimizer", "name", "LORO"], ["optimizer", "loro_refresh", "some"]]),
+        "clean",
+        "[optimizer] loro_refresh = 'some' is not valid; "
+        "choose one of ['all', 'factors', 'regular', 'none']",
     ),
     (
         Case(T, 1, "cli", [["optimizer", "beta1", "1.5"]]),

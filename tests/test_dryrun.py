@@ -100,12 +100,11 @@ def test_dry_run_equals_real_ranks(config, ngpu):
 
 
 def _recipes() -> list[tuple[str, int]]:
-    from boost_titan.tools.recipes import ARCHS, LAYOUTS, recipe_name
+    from boost_titan.tools.recipes import LAYOUTS, all_recipes, recipe_name
 
     return [
-        (f"recipes/{recipe_name(arch, size)}.toml", gpus)
-        for size, (_, _, gpus) in LAYOUTS.items()
-        for arch in ARCHS
+        (f"recipes/{recipe_name(arch, size, optimizer)}.toml", LAYOUTS[size][2])
+        for arch, size, optimizer in all_recipes()
     ]
 
 
@@ -113,7 +112,7 @@ def test_every_recipe_fits_at_its_world_size():
     """Every recipe builds, shards and fits an 80 GB GPU (10% headroom) at the world
     size it is written for. Two dry runs at a time (one per core)."""
     recipes = _recipes()
-    assert len(recipes) == 24 and all((REPO / r).is_file() for r, _ in recipes)
+    assert len(recipes) == 26 and all((REPO / r).is_file() for r, _ in recipes)
     with ThreadPoolExecutor(2) as pool:
         procs = list(pool.map(lambda rg: _dry(rg[0], rg[1], "--json"), recipes))
     bad = []

@@ -34,6 +34,15 @@ LAYOUTS = {
     "34b": (4, 4, 32),
 }
 LR = {"dense": 3e-4, "svd": 3e-3, "cola": 3e-3, "lax": 3e-3}
+# svd_llama2 trained with LORO (boost_titan.optim.loro) at these sizes. 1B is the
+# reference's own script (mzf666/LORO-main scripts/loro_c4/llama_1b.sh: lr 5e-3, exact
+# step every 200, weight decay 0, lazy lr r/d, Adam states refreshed at exact steps); the
+# reference has no 7B run: 7B keeps those settings with our svd lr.
+LORO_SIZES = ("1b", "7b")
+LORO = {
+    "1b": {"name": "LORO", "lr": 5e-3, "weight_decay": 0.0, "loro_freq": 200},
+    "7b": {"name": "LORO", "lr": 3e-3, "weight_decay": 0.0, "loro_freq": 200},
+}
 PP_SCHEDULE = "Interleaved1F1B"
 STAGES_PER_RANK = 2
 RECIPES_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
@@ -60,8 +69,18 @@ DENSE_OPTIONS = (
 )
 
 
-def recipe_name(arch: str, size: str) -> str:
-    return f"{MODEL_NAME[arch]}_{size}"
+def recipe_name(arch: str, size: str, optimizer: str = "AdamW") -> str:
+    return f"{MODEL_NAME[arch]}{'_loro' if optimizer == 'LORO' else ''}_{size}"
+
+
+def all_recipes() -> list[tuple[str, str, str]]:
+    """(arch, size, optimizer) of every recipe, in table order."""
+    out = []
+    for size in LAYOUTS:
+        out += [(arch, size, "AdamW") for arch in ARCHS]
+        if size in LORO_SIZES:
+            out.append(("svd", size, "LORO"))
+    return out
 
 
 def _stage_split(n_layers: int, stages: int) -> tuple[int, int]:
@@ -72,16 +91,21 @@ def _stage_split(n_layers: int, stages: int) -> tuple[int, int]:
     raise ValueError(f"{n_layers} layers do not split into {stages} stages")
 
 
-def recipe_toml(arch: str, size: str, ckpt: Checkpointing) -> str:
+def recipe_toml(arch: str, size: str, ckpt: Checkpointing, optimizer: str = "AdamW") -> str:
     from boost_titan.models.flavors import flavors_for
 
     tp, pp, gpus = LAYOUTS[size]
     plan = "fullrank" if arch == "dense" else "btp"
-    name = recipe_name(arch, size)
+    name = recipe_name(arch, size, optimizer)
     layout = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "") + f", FSDP2 x{gpus // (tp * pp)}"
     lines = [
         f"# {MODEL_NAME[arch]} {size}: {layout} on {gpus} GPUs, {plan} TP plan, "
-        f"activation checkpointing: {ckpt.label}",
+        f"activation checkpointing: {ckpt.label}"
+        + (
+            f", LORO optimizer (exact step every {LORO[size]['loro_freq']})"
+            if optimizer == "LORO"
+            else ""
+        ),
         "# (chosen by the dry run: python -m boost_titan.tools.recipes --write).",
         f"#   dry run:   python -m boost_titan.dryrun --config recipes/{name}.toml --ngpu {gpus}",
         f"#   one node:  CONFIG_FILE=recipes/{name}.toml NGPU=8 ./run_train.sh",
@@ -95,7 +119,7 @@ def recipe_toml(arch: str, size: str, ckpt: Checkpointing) -> str:
     sections: dict[str, dict[str, object]] = {
         "job": {"dump_folder": f"./outputs/{name}", "description": f"{name}, {layout}"},
         "model": {"name": MODEL_NAME[arch], "flavor": size},
-        "optimizer": {"lr": LR[arch]},
+        "optimizer": LORO[size] if optimizer == "LORO" else {"lr": LR[arch]},
         "parallelism": {"tensor_parallel_degree": tp},
         "boost": {"tp_plan": plan},
     }
@@ -135,42 +159,43 @@ def _dry_run(path: str, gpus: int):
     return dry_run(["--job.config_file", path], gpus, config.parallelism.pipeline_parallel_degree)
 
 
-def choose(arch: str, size: str, gpu_gib: float, headroom: float, log=print):
+def choose(arch: str, size: str, optimizer: str, gpu_gib: float, headroom: float, log=print):
     """Write the first checkpointing option that fits; returns (option, roles)."""
     from boost_titan.dryrun import fits
 
-    path = os.path.join(RECIPES_DIR, f"{recipe_name(arch, size)}.toml")
+    name = recipe_name(arch, size, optimizer)
+    path = os.path.join(RECIPES_DIR, f"{name}.toml")
     options = DENSE_OPTIONS if arch == "dense" else LOW_RANK_OPTIONS
     gpus = LAYOUTS[size][2]
     for ckpt in options:
         with open(path, "w") as f:
-            f.write(recipe_toml(arch, size, ckpt))
+            f.write(recipe_toml(arch, size, ckpt, optimizer))
         try:
             roles = _dry_run(path, gpus)
         except ValueError as e:  # refused at parse time (e.g. compiled TP + AC)
-            log(f"{recipe_name(arch, size)}: {ckpt.label}: refused ({e})")
+            log(f"{name}: {ckpt.label}: refused ({e})")
             continue
         peak = max(r.peak_bytes for r in roles) / 2**30
-        log(f"{recipe_name(arch, size)}: {ckpt.label}: peak {peak:.1f} GiB")
+        log(f"{name}: {ckpt.label}: peak {peak:.1f} GiB")
         if fits(roles, gpu_gib, headroom):
             return ckpt, roles
-    raise SystemExit(f"{recipe_name(arch, size)}: no option fits {gpu_gib:g} GiB")
+    raise SystemExit(f"{name}: no option fits {gpu_gib:g} GiB")
 
 
 TABLE_HEAD = [
     "| recipe | layout | GPUs | activation checkpointing | peak GiB/rank | "
-    "params+grads+AdamW GiB/rank | TP GiB/step/rank |",
+    "params+grads+optimizer GiB/rank | TP GiB/step/rank |",
     "|---|---|---|---|---|---|---|",
 ]
 
 
-def table_row(arch: str, size: str, label: str, roles) -> str:
+def table_row(arch: str, size: str, optimizer: str, label: str, roles) -> str:
     tp, pp, gpus = LAYOUTS[size]
     worst = max(roles, key=lambda r: r.peak_bytes)
     static = max(r.params_bytes + r.grads_bytes + r.optimizer_bytes for r in roles)
     layout = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "") + f" x FSDP{gpus // (tp * pp)}"
     return (
-        f"| {recipe_name(arch, size)} | {layout} | {gpus} | {label} | "
+        f"| {recipe_name(arch, size, optimizer)} | {layout} | {gpus} | {label} | "
         f"{worst.peak_bytes / 2**30:.1f} | {static / 2**30:.1f} | "
         f"{max(r.tp_bytes_per_step for r in roles) / 2**30:.2f} |"
     )
@@ -181,12 +206,12 @@ def table() -> str:
     import re
 
     rows = list(TABLE_HEAD)
-    for size in LAYOUTS:
-        for arch in ARCHS:
-            path = os.path.join(RECIPES_DIR, f"{recipe_name(arch, size)}.toml")
-            with open(path) as f:
-                label = re.search(r"activation checkpointing: (.*)$", f.readline()).group(1)
-            rows.append(table_row(arch, size, label, _dry_run(path, LAYOUTS[size][2])))
+    for arch, size, optimizer in all_recipes():
+        path = os.path.join(RECIPES_DIR, f"{recipe_name(arch, size, optimizer)}.toml")
+        with open(path) as f:
+            label = re.search(r"activation checkpointing: ([^,]*)", f.readline()).group(1)
+        roles = _dry_run(path, LAYOUTS[size][2])
+        rows.append(table_row(arch, size, optimizer, label.strip(), roles))
     return "\n".join(rows)
 
 
@@ -207,12 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("say --write and/or --table")
     if a.write:
         rows = list(TABLE_HEAD)
-        for size in LAYOUTS:
-            for arch in ARCHS:
-                if a.only and recipe_name(arch, size) not in a.only:
-                    continue
-                ckpt, roles = choose(arch, size, a.gpu_memory, a.headroom)
-                rows.append(table_row(arch, size, ckpt.label, roles))
+        for arch, size, optimizer in all_recipes():
+            if a.only and recipe_name(arch, size, optimizer) not in a.only:
+                continue
+            ckpt, roles = choose(arch, size, optimizer, a.gpu_memory, a.headroom)
+            rows.append(table_row(arch, size, optimizer, ckpt.label, roles))
         if a.table:  # the figures of the choices just made
             print("\n".join(rows))
     elif a.table:
