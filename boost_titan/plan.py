@@ -1,13 +1,23 @@
-"""Analytic planner: communication, GEMM shapes / arithmetic intensity and memory of
+"""Planner: communication, GEMM shapes / arithmetic intensity and per-rank memory of
 every tensor-parallel plan for a model, without running it.
 
     python -m boost_titan.plan --model cola_llama2 --flavor 7b --tp 4 --batch 4 --seq 4096
     python -m boost_titan.plan ... --json
+    python -m boost_titan.plan ... --no-memory    # communication and GEMMs only, no trace
 
 Collectives are listed exactly as the plans issue them (tests compare them with the
 counted ones). "Volume" is the all-reduce-equivalent payload the BOOST paper reports:
 an all-reduce of n elements counts n, an all-gather or reduce-scatter of a tensor of n
 elements counts n / 2 (on a ring, all-reduce = reduce-scatter + all-gather).
+
+Memory per rank is traced, not estimated: each valid plan is built as the trainer
+builds it and stepped under FakeTensorMode (``boost_titan.dryrun.plans``: the dry run's
+trace at TP alone, one micro-batch, no activation checkpointing, weights, gradients,
+AdamW states and activations in ``--dtype``; ~15 s for a 7B model on 2 CPU cores).
+Activations match the bytes autograd saves on real ranks (``python -m
+boost_titan.bench``, checked in tests/test_plan.py); parameters, gradients and
+optimizer states are exact. For a whole layout (FSDP, PP, mixed precision,
+checkpointing) use ``python -m boost_titan.dryrun``.
 """
 
 from __future__ import annotations
@@ -15,10 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from boost_titan.config import LOW_RANK_TP_PLANS, RMSNORM_MODES
-from boost_titan.models.args import LlamaArgs, kron_factors
+from boost_titan.dryrun.plans import PlanMemory, trace_plans
 
+if TYPE_CHECKING:  # importing the model imports torchtitan: main() activates CPU mode first
+    from boost_titan.models.args import LlamaArgs
+
+GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PLANS = ("fullrank", *reversed(LOW_RANK_TP_PLANS))  # baselines first, then BTP
 
@@ -60,7 +75,7 @@ class PlanReport:
     backward: list[Collective] = field(default_factory=list)
     gemms: list[Gemm] = field(default_factory=list)
     params_per_rank: int = 0
-    activation_bytes_per_rank: int = 0
+    memory: PlanMemory | None = None  # traced; None: not traced (invalid, or memory=False)
 
 
 def block_collectives(
@@ -198,6 +213,8 @@ def block_gemms(args: LlamaArgs, plan: str, tp: int, tokens: int) -> list[Gemm]:
 
 
 def _params_per_rank(args: LlamaArgs, plan: str, tp: int) -> int:
+    from boost_titan.models.args import kron_factors
+
     d, V, L = args.dim, args.vocab_size, args.n_layers
     shapes = args.projection_shapes()
     if plan == "fullrank":
@@ -213,25 +230,6 @@ def _params_per_rank(args: LlamaArgs, plan: str, tp: int) -> int:
     return L * block + 2 * V * d // tp + d
 
 
-def _activation_elems_per_rank(args: LlamaArgs, plan: str, tp: int, tokens: int) -> int:
-    """Estimate, no activation checkpointing: tensors autograd keeps per block (GEMM
-    inputs, attention q/k/v/out, SwiGLU inputs, norm inputs, latents), local shapes."""
-    t, T, d, f = tokens, tp, args.dim, args.ffn_dim
-    q, kv = args.n_heads * args.head_dim, args.kv_dim
-    r = {n: s[2] for n, s in args.projection_shapes().items()}
-    rsum = sum(r.values())
-    if plan == "fullrank":
-        per = t * (d // T * 2 + d * 2 + (q + 2 * kv) // T + q // T + 2 * f // T + f // T)
-    elif plan == "vanilla":
-        # replicated residual/norms/attention/SwiGLU + local latents
-        per = t * (2 * d + 2 * d + q + 2 * kv + q + 2 * f + f + rsum // T)
-    else:
-        per = t * (
-            2 * d // T + 2 * d // T + (q + 2 * kv) // T + q // T + 2 * f // T + f // T + rsum
-        )
-    return args.n_layers * per
-
-
 def analyse(
     args: LlamaArgs,
     tp: int,
@@ -240,7 +238,12 @@ def analyse(
     dtype: str = "bfloat16",
     grouped: bool = True,
     norm: str = "online",
+    memory: bool = True,
+    trace_in_process: bool = False,
 ) -> dict:
+    """Every plan's collectives, GEMMs and parameters per rank; ``memory``: also its
+    traced per-rank memory (see the module docstring), in a fresh process or, with
+    ``trace_in_process``, in this one (see ``trace_plans``)."""
     from boost_titan.tp_plans import validate_tp_degree
 
     nbytes = DTYPE_BYTES[dtype]
@@ -260,8 +263,23 @@ def analyse(
         rep.forward, rep.backward = block_collectives(a, plan, tp, tokens, grouped, norm, dtype)
         rep.gemms = block_gemms(a, plan, tp, tokens)
         rep.params_per_rank = _params_per_rank(a, plan, tp)
-        rep.activation_bytes_per_rank = _activation_elems_per_rank(a, plan, tp, tokens) * nbytes
         reports[plan] = rep
+    if memory:
+        traced = trace_plans(
+            {
+                p: (dense_twin if p == "fullrank" else args.with_overrides(group_linears=grouped))
+                for p, rep in reports.items()
+                if rep.valid
+            },
+            tp,
+            batch,
+            seq,
+            "bfloat16" if dtype == "float16" else dtype,  # no float16 training: same bytes
+            norm,
+            in_process=trace_in_process,
+        )
+        for p, m in traced.items():
+            reports[p].memory = m
 
     def vol(cs):
         return sum(c.volume for c in cs) * nbytes
@@ -281,6 +299,12 @@ def analyse(
         "batch": batch,
         "seq": seq,
         "dtype": dtype,
+        "memory": (
+            f"traced (TP{tp} alone, one micro-batch of {batch} x {seq}, no activation "
+            f"checkpointing; weights, gradients, AdamW states and activations in {dtype})"
+            if memory
+            else "not traced"
+        ),
         "plans": {},
     }
     for plan, rep in reports.items():
@@ -295,7 +319,7 @@ def analyse(
                 step_backward_bytes=vol(rep.backward) * args.n_layers,
                 gemms=[dict(asdict(g), intensity=round(g.intensity(nbytes), 1)) for g in rep.gemms],
                 params_per_rank=rep.params_per_rank,
-                activation_bytes_per_rank=rep.activation_bytes_per_rank,
+                **_memory_entry(rep.memory),
             )
         out["plans"][plan] = entry
     low_rank = [p for p in LOW_RANK_TP_PLANS if out["plans"][p]["valid"]]
@@ -317,6 +341,38 @@ def analyse(
     return out
 
 
+def _memory_entry(m: PlanMemory | None) -> dict:
+    """Per-rank bytes in the JSON report (None where not traced)."""
+    keys = ("params", "grads", "optimizer", "activation", "total")
+    if m is None:
+        return {f"{k}_bytes_per_rank": None for k in keys}
+    values = (m.params, m.grads, m.optimizer, m.activations, m.total)
+    return {f"{k}_bytes_per_rank": v for k, v in zip(keys, values)}
+
+
+def _format_memory(rep: dict) -> list[str]:
+    traced = [e for e in rep["plans"].values() if e.get("total_bytes_per_rank") is not None]
+    if not traced:
+        requested = rep["memory"].startswith("traced")
+        return [f"memory per rank: not traced{' (no valid plan)' if requested else ''}"]
+    big = max(e["total_bytes_per_rank"] for e in traced) >= GIB
+    unit, div = ("GiB", GIB) if big else ("MiB", 2**20)
+    cols = ("params", "grads", "optimizer", "activation", "total")
+    lines = [
+        f"memory per rank, {rep['memory']}:",
+        f"{'plan':9s}" + "".join(f"{c:>13s}" for c in cols),
+    ]
+    for plan, e in rep["plans"].items():
+        if e.get("total_bytes_per_rank") is None:
+            lines.append(f"{plan:9s} not traced ({e['why_invalid'] or 'invalid plan'})")
+        else:
+            lines.append(
+                f"{plan:9s}"
+                + "".join(f"{e[f'{c}_bytes_per_rank'] / div:10.2f}{unit}" for c in cols)
+            )
+    return lines
+
+
 def format_report(rep: dict) -> str:
     mib = 2**20
     m = rep["model"]
@@ -325,7 +381,7 @@ def format_report(rep: dict) -> str:
         f"kv={m['n_kv_heads']} r={m['rank']}  "
         f"TP={rep['tp']} b={rep['batch']} s={rep['seq']} {rep['dtype']}",
         f"{'plan':9s} {'fwd/block':>12s} {'bwd/block':>12s} {'fwd/stack':>12s} {'colls f/b':>10s} "
-        f"{'params/rank':>13s} {'act/rank':>10s} {'min AI':>7s} {'mean AI':>8s}",
+        f"{'params/rank':>13s} {'min AI':>7s} {'mean AI':>8s}",
     ]
     for plan, e in rep["plans"].items():
         if "block_forward" not in e:
@@ -338,14 +394,18 @@ def format_report(rep: dict) -> str:
             f"{e['block_backward_bytes'] / mib:9.1f}MiB "
             f"{e['step_forward_bytes'] / mib:9.0f}MiB "
             f"{len(e['block_forward']):4d}/{len(e['block_backward']):<5d}"
-            f"{e['params_per_rank'] / 1e6:11.1f}M {e['activation_bytes_per_rank'] / 2**30:8.2f}GiB "
+            f"{e['params_per_rank'] / 1e6:11.1f}M "
             f"{min(ai):7.0f} {sum(ai) / len(ai):8.0f}{flag}"
         )
     lines.append(f"recommended: {rep['recommended']} ({rep['why']})")
+    lines += _format_memory(rep)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from boost_titan import cpu_runtime
+
+    cpu_runtime.activate()  # before torchtitan is imported: the memory is traced here
     from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 
     p = argparse.ArgumentParser(
@@ -361,6 +421,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ungrouped", action="store_true")
     p.add_argument("--rmsnorm", default="online", choices=list(RMSNORM_MODES))
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the traced per-rank memory: communication and GEMMs only (seconds faster)",
+    )
     a = p.parse_args(argv)
     table = flavors_for(MODEL_ARCH[a.model])
     if a.flavor not in table:
@@ -369,7 +434,17 @@ def main(argv: list[str] | None = None) -> None:
     if a.rank:
         args = args.with_overrides(rank=a.rank)
     args.validate()
-    rep = analyse(args, a.tp, a.batch, a.seq, a.dtype, grouped=not a.ungrouped, norm=a.rmsnorm)
+    rep = analyse(
+        args,
+        a.tp,
+        a.batch,
+        a.seq,
+        a.dtype,
+        grouped=not a.ungrouped,
+        norm=a.rmsnorm,
+        memory=not a.no_memory,
+        trace_in_process=True,
+    )
     print(json.dumps(rep, indent=2) if a.json else format_report(rep))
 
 

@@ -150,10 +150,11 @@ def _total(snapshot) -> int:
     return per_device["Total"]
 
 
-def trace_role(config, pd, *, fake: bool, device=None) -> RoleReport:
+def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
     """Build this rank's share of the model as a real run does and step it twice.
     ``fake``: under FakeTensorMode with MemTracker (the dry run); else on real
-    tensors, activations measured by autograd's saved-tensor hooks (``--measure``)."""
+    tensors, activations measured by autograd's saved-tensor hooks (``--measure``).
+    ``args``: these model args instead of the config's model and flavor."""
     import contextlib
 
     import torch
@@ -172,7 +173,7 @@ def trace_role(config, pd, *, fake: bool, device=None) -> RoleReport:
 
     p = config.parallelism
     pp_rank = pd.get_mesh("pp").get_local_rank() if pd.pp_enabled else 0
-    args = config_args(config)
+    args = config_args(config) if args is None else args
     plan = resolve_tp_plan(config.boost.tp_plan, args)
     with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
         model = Transformer(args)
