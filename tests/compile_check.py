@@ -46,7 +46,28 @@ def _job_config(plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac
     return parse_config(argv)
 
 
-def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, compiled, batches):
+def _optimizer(name: str, model, args):
+    """AdamW, or LORO with an exact step at step 2 (of 3): its exact step rewrites the
+    factors in place between compiled calls."""
+    if name == "AdamW":
+        return torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4, weight_decay=0.1)
+    from boost_titan.optim.loro import LORO
+
+    return LORO(
+        model,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-4,
+        weight_decay=0.1,
+        exact_every=2,
+        lr_scaler=-1.0,
+        refresh="all",
+        restart_warmup=0,
+        model_dim=args.dim,
+    )
+
+
+def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, optimizer, compiled, batches):
     from torchtitan.distributed import utils as dist_utils
 
     from boost_titan.models.model import Transformer
@@ -61,7 +82,7 @@ def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, compiled, batch
     model = parallelize_boost(model, parallel_dims, job_config)
     loss_fn = build_loss_fn(job_config)
     context = dist_utils.get_train_context(True)  # loss-parallel, as the trainer
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4, weight_decay=0.1)
+    opt = _optimizer(optimizer, model, args)
     losses, norms = [], []
     start = time.perf_counter()
     for tokens, labels in batches:
@@ -96,7 +117,8 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
         )
         dims.build_mesh()
         results = []
-        for plan, arch, flavor, latent_checkpoint, keep, ac in cases:
+        for plan, arch, flavor, latent_checkpoint, keep, ac, *rest in cases:
+            optimizer = rest[0] if rest else "AdamW"
             args = small_args(flavors_for(arch)[flavor])
             g = torch.Generator().manual_seed(1)
             batches = [
@@ -110,6 +132,7 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
                 "latent_checkpoint": latent_checkpoint,
                 "keep": keep,
                 "ac": ac,
+                "optimizer": optimizer,
             }
             for mode in ("eager", "compiled"):
                 losses, norms, secs = _run(
@@ -119,6 +142,7 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
                     latent_checkpoint,
                     keep,
                     ac,
+                    optimizer,
                     mode == "compiled",
                     batches,
                 )

@@ -3,8 +3,8 @@
 The matrix runs on real gloo TP2 ranks in one launch (``compile_check.py``): for each
 model under each plan it supports, with and without latent checkpointing, the
 compiled copy (every block and the loss-parallel loss compiled, as the trainer does)
-trains three AdamW steps from the same weights as the eager copy; losses and
-clipped grad norms must agree. TP2 x FSDP2 and PP2 x TP2 compiled runs are in
+trains three AdamW steps (LORO rows: with an exact step) from the same weights as the
+eager copy; losses and clipped grad norms must agree. TP2 x FSDP2 and PP2 x TP2 compiled runs are in
 ``test_composition.py`` (against the eager single process).
 """
 
@@ -20,7 +20,8 @@ from compile_check import run_cases
 LOSS_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-5
 
-# plan, arch, flavor, latent_checkpoint, keep, [activation_checkpoint] mode
+# plan, arch, flavor, latent_checkpoint, keep, [activation_checkpoint] mode[, optimizer]
+# (the LORO rows reuse the AdamW rows' graphs: a warm cache compiles nothing new)
 MATRIX = [
     ("fullrank", "dense", "debugmodel", "none", "attention", "none"),
     ("btp", "svd", "debugmodel", "none", "attention", "none"),
@@ -30,6 +31,8 @@ MATRIX = [
     ("vanilla", "svd", "debugmodel", "none", "attention", "none"),
     ("vanilla", "cola", "debugmodel", "none", "attention", "none"),
     ("vanilla", "lax", "debugmodel_gqa", "none", "attention", "none"),
+    ("btp", "svd", "debugmodel", "none", "attention", "none", "LORO"),
+    ("vanilla", "svd", "debugmodel", "none", "attention", "none", "LORO"),
 ]
 
 
@@ -57,7 +60,10 @@ def test_compiled_equals_eager_on_tp2_ranks(tmp_path):
     assert len(rows) == len(MATRIX)
     for row in rows:
         print(
-            {k: row[k] for k in ("plan", "arch", "flavor", "latent_checkpoint", "keep", "ac")},
+            {
+                k: row[k]
+                for k in ("plan", "arch", "flavor", "latent_checkpoint", "keep", "ac", "optimizer")
+            },
             "eager",
             row["eager"]["loss"],
             "compiled",

@@ -36,13 +36,12 @@ LAYOUTS = {
 LR = {"dense": 3e-4, "svd": 3e-3, "cola": 3e-3, "lax": 3e-3}
 # svd_llama2 trained with LORO (boost_titan.optim.loro) at these sizes. 1B is the
 # reference's own script (mzf666/LORO-main scripts/loro_c4/llama_1b.sh: lr 5e-3, exact
-# step every 200, weight decay 0, lazy lr r/d, Adam states refreshed at exact steps); the
-# reference has no 7B run: 7B keeps those settings with our svd lr.
+# step every 200, weight decay 0, lazy lr r/d, Adam states refreshed at exact steps,
+# LOROAdamW's betas (0.9, 0.999) and eps 1e-6); the reference has no 7B run: 7B keeps
+# those settings with our svd lr.
 LORO_SIZES = ("1b", "7b")
-LORO = {
-    "1b": {"name": "LORO", "lr": 5e-3, "weight_decay": 0.0, "loro_freq": 200},
-    "7b": {"name": "LORO", "lr": 3e-3, "weight_decay": 0.0, "loro_freq": 200},
-}
+_LORO_REF = {"name": "LORO", "beta2": 0.999, "eps": 1e-6, "weight_decay": 0.0, "loro_freq": 200}
+LORO = {"1b": {**_LORO_REF, "lr": 5e-3}, "7b": {**_LORO_REF, "lr": 3e-3}}
 PP_SCHEDULE = "Interleaved1F1B"
 STAGES_PER_RANK = 2
 RECIPES_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
