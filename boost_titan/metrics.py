@@ -8,6 +8,9 @@ written: one all-reduce of two float64 scalars over the PP mesh per logged step 
 one per validation), the other ranks contributing zeros, so the result is the last
 stage's value exactly. The gradient norm needs nothing: ``clip_grad_norm_`` already
 reduces it over the PP mesh.
+
+It also writes the BOOST dashboard (``boost_titan.dashboard``) into the run's
+TensorBoard event file, once, on the rank(s) that write TensorBoard.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ from torchtitan.tools import utils
 class BoostMetricsProcessor(MetricsProcessor):
     _pp_mesh: DeviceMesh | None = None
     _has_last_stage = True
+
+    def __init__(self, job_config, parallel_dims, tag=None):
+        super().__init__(job_config, parallel_dims, tag)
+        from boost_titan import dashboard
+
+        dashboard.write_layout(self.logger, job_config)
 
     def share_pipeline_loss(self, pp_mesh: DeviceMesh, has_last_stage: bool) -> None:
         """Called by the trainer once the stages are placed."""
