@@ -171,3 +171,24 @@ def test_layout_matches_reference_run(layout, loro_seed, request, tmp_path):
         for step in (5, 6, 7):
             assert resumed.loss[rank][step] == run.loss[rank][step], (rank, step)
             assert resumed.grad_norm[rank][step] == run.grad_norm[rank][step], (rank, step)
+
+
+def test_bench_counts_the_exact_step_collectives(tmp_path):
+    """The cost benchmark on 2 ranks (smoke shape: 2 blocks x 7 pairs, r = 32): the
+    exact step issues per pair 4 TSQR all-gathers of r x r float64 R factors (2 ranks:
+    2 r^2 gathered) and 2 all-reduces of r x r, and nothing else."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "loro.json"
+    cmd = [sys.executable, "-m", "boost_titan.bench.loro", "--smoke", "--reps", "1"]
+    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    pairs, r = 14, 32
+    assert res["exact_ops"] == {
+        "all_gather_into_tensor": [4 * pairs, 4 * pairs * 2 * r * r * 8],
+        "all_reduce": [2 * pairs, 2 * pairs * r * r * 8],
+    }
+    assert "K = 500" in proc.stdout and "exact step" in proc.stdout

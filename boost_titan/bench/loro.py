@@ -30,24 +30,12 @@ PERIODS = (500, 200)
 
 
 def _model(shape: Shape, mesh, device):
-    from boost_titan.models.args import LlamaArgs
     from boost_titan.models.model import Transformer
     from boost_titan.tp_plans.btp import apply_btp
 
-    args = LlamaArgs(
-        dim=shape.dim,
-        n_layers=shape.n_layers,
-        n_heads=shape.n_heads,
-        ffn_dim=shape.ffn_dim,
-        vocab_size=shape.vocab_size,
-        max_seq_len=shape.seq,
-        arch="svd",
-        rank=shape.rank,
-        norm_eps=1e-6,
-    )
     torch.manual_seed(0)
     with torch.device(device):
-        model = Transformer(args)
+        model = Transformer(shape.args("svd"))
     with torch.no_grad():
         model.init_weights()
     apply_btp(model, mesh, True)
@@ -69,18 +57,11 @@ def _worker(rank: int, world: int, cfg: dict, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel
 
+    from boost_titan.bench.worker import init_rank
     from boost_titan.comm_stats import CommCounter
     from boost_titan.optim.loro import LORO
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(rank)
-    else:
-        torch.set_num_threads(cfg["threads"])
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", init_method=cfg["init"], rank=rank, world_size=world
-    )
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    device = init_rank(rank, world, cfg["init"], cfg["threads"])
     shape = Shape(**cfg["shape"])
     model = _model(shape, init_device_mesh(device.type, (world,)), device)
     g = torch.Generator().manual_seed(1)
@@ -122,7 +103,7 @@ def _worker(rank: int, world: int, cfg: dict, out: str) -> None:
         result = dict(
             shape=asdict(shape),
             tp=world,
-            device=torch.cuda.get_device_name(rank) if cuda else "cpu",
+            device=torch.cuda.get_device_name(rank) if device.type == "cuda" else "cpu",
             reps=cfg["reps"],
             seconds=med,
             spread={k: (min(v), max(v)) for k, v in times.items()},

@@ -96,6 +96,23 @@ class Shape:
     batch: int = 4
     seq: int = 1024
 
+    def args(self, arch: str, grouped: bool = True):
+        """The model args of ``arch`` ("dense", "svd", "cola", "lax") at this shape."""
+        from boost_titan.models.args import LlamaArgs
+
+        return LlamaArgs(
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            ffn_dim=self.ffn_dim,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.seq,
+            arch=arch,
+            rank=self.rank if arch != "dense" else 0,
+            norm_eps=1e-6,
+            group_linears=grouped,
+        )
+
 
 SMOKE = Shape(dim=128, ffn_dim=344, n_heads=8, rank=32, n_layers=2, vocab_size=512, batch=2, seq=64)
 
@@ -105,23 +122,11 @@ def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inducto
     ``[compiled]`` one is compiled after TP and checkpointing, as the trainer does."""
     from torch.distributed.tensor import DTensor
 
-    from boost_titan.models.args import LlamaArgs
     from boost_titan.models.model import Transformer
     from boost_titan.tp_plans import apply_tp_plan
 
     arch, plan, grouped, norm, ac = VARIANTS[base_name(name)]
-    args = LlamaArgs(
-        dim=shape.dim,
-        n_layers=shape.n_layers,
-        n_heads=shape.n_heads,
-        ffn_dim=shape.ffn_dim,
-        vocab_size=shape.vocab_size,
-        max_seq_len=shape.seq,
-        arch=arch,
-        rank=shape.rank if arch != "dense" else 0,
-        norm_eps=1e-6,
-        group_linears=grouped,
-    )
+    args = shape.args(arch, grouped)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(args)

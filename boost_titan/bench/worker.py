@@ -61,22 +61,28 @@ def _prepare_compile(n_models: int) -> None:
     torch._dynamo.config.fail_on_recompile_limit_hit = True
 
 
+def init_rank(rank: int, world: int, init_method: str, threads: int) -> torch.device:
+    """Join the benchmark's process group: NCCL on GPU ``rank``, else gloo with
+    ``threads`` CPU threads; returns this rank's device."""
+    cuda = torch.cuda.is_available()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(threads)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world
+    )
+    return torch.device("cuda", rank) if cuda else torch.device("cpu")
+
+
 def worker(rank: int, world: int, cfg: dict, out_dir: str):
     from boost_titan import cpu_runtime
 
     cpu_runtime.activate()
     from torch.distributed.device_mesh import init_device_mesh
 
-    cuda = torch.cuda.is_available()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if cuda:
-        torch.cuda.set_device(rank)
-    else:
-        torch.set_num_threads(cfg["threads"])
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", init_method=cfg["init_method"], rank=rank, world_size=world
-    )
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    device = init_rank(rank, world, cfg["init_method"], cfg["threads"])
     mesh = init_device_mesh(device.type, (world,))
     shape = Shape(**cfg["shape"])
     names = cfg["variants"]
