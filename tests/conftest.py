@@ -2,6 +2,12 @@ from pathlib import Path
 
 import pytest
 
+from boost_titan import cpu_runtime
+
+# CPU shims before any test module imports torchtitan (which fixes its device at import):
+# collection order must not decide whether in-process tests run
+cpu_runtime.activate()
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
