@@ -19,6 +19,11 @@ Bytes are the logical payload of each collective on one rank: the tensor reduced
 all-reduce, the gathered output of an all-gather, the input of a reduce-scatter. It is
 independent of the algorithm the backend uses on the wire, which is what the planner's
 closed forms count too. Works on real process groups and under LocalTensorMode.
+
+Reports state volumes in one convention, the BOOST paper's and the planner's
+*all-reduce-equivalent* bytes (:func:`allreduce_equivalent`): an all-reduce counts its
+payload, an all-gather or reduce-scatter half of it (on a ring an all-reduce is a
+reduce-scatter plus an all-gather, each moving half as much per rank).
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ _COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d_functional", "c10d"}
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
+def allreduce_equivalent(op: str, nbytes: float) -> float:
+    """``nbytes`` of payload of collective ``op`` in all-reduce-equivalent bytes."""
+    return nbytes / 2 if op in ("all_gather", "reduce_scatter") else nbytes
+
+
 @dataclass(frozen=True)
 class CommRecord:
     phase: str  # "forward" | "backward"
@@ -42,6 +52,11 @@ class CommRecord:
     op: str  # e.g. "all_reduce"
     nbytes: int
     numel: int
+
+    @property
+    def volume(self) -> float:
+        """All-reduce-equivalent bytes."""
+        return allreduce_equivalent(self.op, self.nbytes)
 
 
 _C10D_NAMES = {

@@ -27,6 +27,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from boost_titan.comm_stats import allreduce_equivalent
 from boost_titan.config import LOW_RANK_TP_PLANS, RMSNORM_MODES
 from boost_titan.dryrun.plans import PlanMemory, trace_plans
 
@@ -46,7 +47,7 @@ class Collective:
 
     @property
     def volume(self) -> float:
-        return self.numel if self.op == "all_reduce" else self.numel / 2
+        return allreduce_equivalent(self.op, self.numel)
 
 
 @dataclass
