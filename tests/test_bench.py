@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -23,7 +24,6 @@ def test_bench_smoke_writes_all_outputs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("results.json", "results.md", "step_time.png", "comm_share.png"):
         assert (out / name).stat().st_size > 0, name
-    assert list((out / "tb").glob("events.out.tfevents.*"))
     summary = json.loads((out / "results.json").read_text())
     v = summary["variants"]
     assert set(v) >= {"btp", "vanilla", "fullrank (dense twin)", "btp ungrouped", "btp sync-norm"}
@@ -31,11 +31,98 @@ def test_bench_smoke_writes_all_outputs(tmp_path):
         assert r["steps_timed"] == 2 and r["step_time_median_s"] > 0 and r["tokens_per_s"] > 0, name
         assert 0 < r["comm_share"] < 1, name
     # counted bytes: the smoke shape's per-step volumes, independent of timing noise
-    assert v["vanilla"]["bytes_per_step"] > 3 * v["btp"]["bytes_per_step"]
-    assert v["btp ungrouped"]["bytes_per_step"] == v["btp"]["bytes_per_step"]
+    assert v["vanilla"]["volume_per_step"] > 3 * v["btp"]["volume_per_step"]
+    assert v["btp ungrouped"]["volume_per_step"] == v["btp"]["volume_per_step"]
     assert v["btp ungrouped"]["collectives_per_step"] > v["btp"]["collectives_per_step"]
     assert "btp_vs_vanilla_tokens_per_s" in summary["ratios"]
-    assert "| btp |" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "| btp |" in md and "comm/step MiB (all-reduce-equiv.)" in md
+    _check_volume_convention(summary)
+    _check_tensorboard_runs(out / "tb", summary)
+
+
+def _check_volume_convention(summary: dict) -> None:
+    """Every volume is all-reduce-equivalent: an all-reduce counts its payload, an
+    all-gather or reduce-scatter half of it (comm_stats.allreduce_equivalent, the
+    planner's convention); bytes_per_step keeps the raw payload."""
+    from boost_titan.comm_stats import allreduce_equivalent
+
+    v = summary["variants"]
+    for name, r in v.items():
+        by_op = r["comm_by_op"]
+        assert sum(c["count"] for c in by_op.values()) == r["collectives_per_step"], name
+        assert sum(c["bytes"] for c in by_op.values()) == r["bytes_per_step"], name
+        expected = sum(
+            allreduce_equivalent(
+                op.removesuffix("_into_tensor").removesuffix("_tensor"), c["bytes"]
+            )
+            for op, c in by_op.items()
+        )
+        assert r["volume_per_step"] == pytest.approx(expected), name
+    # full-rank TP (sequence parallel) moves activations by all-gather / reduce-scatter:
+    # half its raw payload counts; vanilla and BTP's blocks all-reduce
+    full = v["fullrank (dense twin)"]
+    ag_rs = sum(c["bytes"] for op, c in full["comm_by_op"].items() if op != "all_reduce")
+    assert ag_rs > 0
+    assert full["volume_per_step"] == full["bytes_per_step"] - ag_rs / 2
+    assert v["vanilla"]["volume_per_step"] == v["vanilla"]["bytes_per_step"]
+    ratios = summary["ratios"]
+    assert ratios["vanilla_vs_btp_volume"] == pytest.approx(
+        v["vanilla"]["volume_per_step"] / v["btp"]["volume_per_step"]
+    )
+    assert ratios["fullrank_vs_btp_volume"] == pytest.approx(
+        full["volume_per_step"] / v["btp"]["volume_per_step"]
+    )
+
+
+def _check_tensorboard_runs(tb, summary: dict) -> None:
+    """One TensorBoard run per variant, the same tags in each, values = results.json's,
+    and the training dashboard's custom-scalars layout in each."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    from boost_titan.bench.report import TB_TAGS
+    from boost_titan.bench.stats import slug
+    from boost_titan.dashboard import layout
+
+    charts = {
+        cat: {title: chart[1] for title, chart in titles.items()}
+        for cat, titles in layout(validation=False).items()
+    }
+
+    v = summary["variants"]
+    runs = {p.name for p in tb.iterdir() if p.is_dir()}
+    assert runs == {slug(n) for n in v} | {"ratios"}
+    tokens = summary["shape"]["batch"] * summary["shape"]["seq"]
+    for name, r in v.items():
+        acc = EventAccumulator(str(tb / slug(name)), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        assert set(acc.Tags()["scalars"]) == set(TB_TAGS), name
+        [config] = acc.Tensors("custom_scalars__config__")  # the training dashboard's layout
+        proto = layout_pb2.Layout()
+        proto.ParseFromString(config.tensor_proto.string_val[0])
+        assert {
+            c.title: {ch.title: list(ch.multiline.tag) for ch in c.chart} for c in proto.category
+        } == charts, name
+
+        n = r["steps_timed"]
+        series = {tag: acc.Scalars(tag) for tag in TB_TAGS}
+        for tag, events in series.items():
+            assert [e.step for e in events] == list(range(n)), (name, tag)
+        values = {tag: [e.value for e in events] for tag, events in series.items()}
+        approx = lambda x: pytest.approx(x, rel=1e-5)  # noqa: E731  (float32 events)
+        assert values["time/step_ms"] == approx([1e3 * t for t in r["step_times_s"]])
+        assert values["throughput(tps)"] == approx([tokens / t for t in r["step_times_s"]])
+        assert tokens / statistics.median(r["step_times_s"]) == approx(r["tokens_per_s"])
+        assert values["loss_metrics/global_avg_loss"] == approx(r["step_losses"])
+        assert values["tp/comm_share(%)"] == approx([100 * r["comm_share"]] * n)
+        assert values["tp/bytes_MiB"] == approx([r["volume_per_step"] / 2**20] * n)
+        assert values["tp/collectives"] == [r["collectives_per_step"]] * n
+        assert values["memory/peak_step_MiB"] == approx([r["peak_step_mem_mib"]] * n)
+    acc = EventAccumulator(str(tb / "ratios"))
+    acc.Reload()
+    for k, val in summary["ratios"].items():
+        assert acc.Scalars(f"ratios/{k}")[0].value == pytest.approx(val, rel=1e-5), k
 
 
 def test_gemm_mode(tmp_path):
@@ -177,6 +264,7 @@ def _raw(step: float, loss: float) -> dict:
         "comm_times": [0.1 * step],
         "instrumented_step_times": [step],
         "bytes_per_step": 100,
+        "volume_per_step": 100.0,
         "collectives_per_step": 3,
         "peak_step_mem_bytes": 2**20,
         "saved_activation_bytes": 2**20,
@@ -218,7 +306,7 @@ def test_eager_summary_has_no_compile_section():
         {"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, variants.SMOKE, 2, "CPU"
     )
     assert "compile" not in summary
-    assert set(summary["ratios"]) == {"btp_vs_vanilla_tokens_per_s", "vanilla_vs_btp_bytes"}
+    assert set(summary["ratios"]) == {"btp_vs_vanilla_tokens_per_s", "vanilla_vs_btp_volume"}
 
 
 def test_compile_twins_skip_what_the_trainer_refuses():
@@ -260,10 +348,8 @@ def test_bench_compile_smoke(tmp_path):
         assert c["compile_step_s"] > 0 and c["compiled_tokens_per_s"] > 0
         # the compiled graphs issue exactly the eager step's collectives (profiler-counted)
         compiled = v[f"{name} [compiled]"]
-        assert (compiled["collectives_per_step"], compiled["bytes_per_step"]) == (
-            v[name]["collectives_per_step"],
-            v[name]["bytes_per_step"],
-        )
+        keys = ("collectives_per_step", "bytes_per_step", "volume_per_step", "comm_by_op")
+        assert [compiled[k] for k in keys] == [v[name][k] for k in keys]
     assert {"btp_vs_vanilla_tokens_per_s_compiled", "btp_compiled_vs_eager_tokens_per_s"} <= set(
         summary["ratios"]
     )

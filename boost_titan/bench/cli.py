@@ -11,7 +11,9 @@ Every variant runs whole training steps (forward, backward, AdamW). Repetitions 
 interleaved (variant A, B, C, A, B, C, ...) so machine drift hits all alike; the first
 ``--warmup`` steps of each variant are excluded. Per variant it reports step time
 (median, min-max), tokens/s, the communication share of a step (collectives timed in
-separate, instrumented steps), bytes per step (counted), and peak memory per rank (CPU:
+separate, instrumented steps), communication volume per step (counted, stated in
+all-reduce-equivalent bytes: an all-gather or reduce-scatter counts half its payload, as
+the planner counts; results.json also keeps the raw bytes), and peak memory per rank (CPU:
 peak RSS rise during a step above the RSS before it, plus exact parameter bytes; GPU:
 max allocated). Ablations (grouping off, sync norm) are BTP variants of the same model.
 
@@ -24,7 +26,9 @@ loss must equal its eager twin's within 1e-4 relative, or the run fails after wr
 its outputs.
 
 Outputs in ``--out``: results.json, results.md, step_time.png, comm_share.png and
-TensorBoard scalars under tb/.
+TensorBoard runs under tb/: one per variant (tb/<variant>/, the same tags in each, one
+point per timed step), so ``tensorboard --logdir <out>/tb`` overlays the variants, and
+tb/ratios/.
 """
 
 from __future__ import annotations
@@ -186,6 +190,29 @@ def _variant_names(
     return with_compiled(names, tp) if a.compile else (names, {})
 
 
+def render(
+    out: Path,
+    raw: dict,
+    shape: Shape,
+    world: int,
+    device: str,
+    backend: str | None = None,
+    not_compiled: dict[str, str] | None = None,
+) -> dict:
+    """raw.json's measurements -> results.json, results.md, charts and tb/ in ``out``."""
+    summary = summarise(raw, shape, world, device, backend)
+    if not_compiled:
+        summary["compile"]["not_compiled"] = not_compiled
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    md = markdown(summary)
+    (out / "results.md").write_text(md)
+    charts(summary, out)
+    tensorboard(summary, out)
+    print(md)
+    print(f"wrote {out}/results.json, results.md, step_time.png, comm_share.png, tb/")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     p = _parser()
     a = p.parse_args(argv)
@@ -234,16 +261,9 @@ def main(argv: list[str] | None = None) -> None:
         if torch.cuda.is_available()
         else f"CPU ({a.threads} thread/rank, gloo{', caching malloc' if a.malloc_cache else ''})"
     )
-    summary = summarise(raw, shape, world, device, a.compile_backend if a.compile else None)
-    if not_compiled:
-        summary["compile"]["not_compiled"] = not_compiled
-    (out / "results.json").write_text(json.dumps(summary, indent=2))
-    md = markdown(summary)
-    (out / "results.md").write_text(md)
-    charts(summary, out)
-    tensorboard(summary, out)
-    print(md)
-    print(f"wrote {out}/results.json, results.md, step_time.png, comm_share.png, tb/")
+    summary = render(
+        out, raw, shape, world, device, a.compile_backend if a.compile else None, not_compiled
+    )
     mismatches = loss_mismatches(summary)
     if mismatches:  # outputs are written first, so the numbers can be inspected
         raise SystemExit(

@@ -15,13 +15,21 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from boost_titan.bench.variants import sync, train_step
-from boost_titan.comm_stats import COLLECTIVES, CollectiveHook, CommCounter, profiler_op
+from boost_titan.comm_stats import (
+    COLLECTIVES,
+    CollectiveHook,
+    CommCounter,
+    allreduce_equivalent,
+    profiler_op,
+)
 
 
 @dataclass
 class CommMeasurement:
     collectives_per_step: int = 0
-    bytes_per_step: int = 0
+    bytes_per_step: int = 0  # raw payload, as counted
+    volume_per_step: float = 0.0  # all-reduce-equivalent bytes (comm_stats.allreduce_equivalent)
+    by_op: dict = field(default_factory=dict)  # op -> {"count", "bytes"} per step
     step_times: list[float] = field(
         default_factory=list
     )  # wall time of each timed instrumented step
@@ -38,6 +46,9 @@ def measure_comm(built, compiled: bool, comm_steps: int, tokens, labels, device)
     with CommCounter() as counter:
         train_step(model, opt, tokens, labels, loss_fn)
     res.collectives_per_step, res.bytes_per_step = counter.total()
+    for r in counter.records:
+        res.volume_per_step += volume(r.op, r.nbytes)
+        _add(res.by_op, r.op, r.nbytes)
     for _ in range(comm_steps):
         sync(device)
         timer = CollectiveHook(timed=True)
@@ -79,11 +90,29 @@ def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement
         collectives = [e for e in events if profiler_op(e.name).startswith(COLLECTIVES)]
         if i == 0:
             res.collectives_per_step = len(collectives)
-            res.bytes_per_step = sum(_collective_bytes(e, world) for e in collectives)
+            for e in collectives:
+                op, nbytes = profiler_op(e.name), _collective_bytes(e, world)
+                res.bytes_per_step += nbytes
+                res.volume_per_step += volume(op, nbytes)
+                _add(res.by_op, op, nbytes)
         if i < comm_steps:
             res.step_times.append(step_s)
             res.comm_times.append(sum(e.cpu_time_total for e in events) / 1e6)
     return res
+
+
+def volume(op: str, nbytes: float) -> float:
+    """All-reduce-equivalent bytes of one counted collective: ``comm_stats``' rule
+    (:func:`allreduce_equivalent`) applied to its base collective, so the functional
+    spellings count as theirs ('all_gather_into_tensor' is an all-gather)."""
+    base = next((c for c in COLLECTIVES if op.startswith(c)), op)
+    return allreduce_equivalent(base, nbytes)
+
+
+def _add(by_op: dict, op: str, nbytes: int) -> None:
+    row = by_op.setdefault(op, {"count": 0, "bytes": 0})
+    row["count"] += 1
+    row["bytes"] += nbytes
 
 
 def _collective_bytes(event, world: int) -> int:

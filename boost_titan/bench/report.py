@@ -1,4 +1,10 @@
-"""Render a benchmark summary: results.md (markdown), PNG charts, TensorBoard scalars."""
+"""Render a benchmark summary: results.md (markdown), PNG charts, TensorBoard runs.
+
+Communication volume is all-reduce-equivalent bytes everywhere (``volume_per_step``,
+``boost_titan.comm_stats.allreduce_equivalent``). TensorBoard: one run per variant,
+``tb/<variant slug>/``, every run with the same tags (:data:`TB_TAGS`), so TensorBoard
+overlays the variants in one chart, plus ``tb/ratios/`` with the plan ratios.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,24 @@ from pathlib import Path
 
 from boost_titan.bench.stats import slug
 from boost_titan.bench.variants import compiled_name
+
+VOLUME_NOTE = (
+    "Communication volume in all-reduce-equivalent bytes (the planner's convention, "
+    "`boost_titan.comm_stats.allreduce_equivalent`: an all-gather or reduce-scatter counts "
+    "half its payload); results.json keeps the raw counted payload in `bytes_per_step`."
+)
+
+# Per timed step (x-axis: the variant's timed-step index, repetitions in order):
+# tag -> the variant's figure in results.json it equals (the per-step ones: the step's).
+TB_TAGS = {
+    "time/step_ms": "step_times_s",  # x 1e3, per step
+    "throughput(tps)": "tokens_per_s",  # tokens / step time, per step
+    "loss_metrics/global_avg_loss": "step_losses",  # per step
+    "tp/comm_share(%)": "comm_share",  # x 100, the instrumented steps' share
+    "tp/bytes_MiB": "volume_per_step",  # all-reduce-equivalent, / 2**20
+    "tp/collectives": "collectives_per_step",
+    "memory/peak_step_MiB": "peak_step_mem_mib",
+}
 
 
 def markdown(summary: dict) -> str:
@@ -15,8 +39,9 @@ def markdown(summary: dict) -> str:
         f"heads={s['n_heads']} r={s['rank']} layers={s['n_layers']} vocab={s['vocab_size']}, "
         f"batch {s['batch']} x seq {s['seq']}, fp32",
         "",
-        "| variant | step time median (min-max) | tokens/s | comm share | MiB comm/step "
-        "| collectives/step | saved activations MiB/rank | peak step RSS rise MiB/rank "
+        "| variant | step time median (min-max) | tokens/s | comm share "
+        "| comm/step MiB (all-reduce-equiv.) | collectives/step | saved activations MiB/rank "
+        "| peak step RSS rise MiB/rank "
         "| params MiB/rank |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -25,12 +50,12 @@ def markdown(summary: dict) -> str:
             f"| {n} | {v['step_time_median_s']:.3f} s "
             f"({v['step_time_min_s']:.3f}-{v['step_time_max_s']:.3f}) "
             f"| {v['tokens_per_s']:.0f} | {100 * v['comm_share']:.1f}% "
-            f"| {v['bytes_per_step'] / 2**20:.1f} "
+            f"| {v['volume_per_step'] / 2**20:.1f} "
             f"| {v['collectives_per_step']} | {v['saved_activation_mib']:.0f} "
             f"| {v['peak_step_mem_mib']:.0f} "
             f"| {v['param_mib_per_rank']:.1f} |"
         )
-    lines.append("")
+    lines += ["", VOLUME_NOTE, ""]
     if "compile" in summary:
         lines += _compile_markdown(summary["compile"])
     for n, e in summary.get("checkpoint_efficiency", {}).items():
@@ -108,11 +133,11 @@ def charts(summary: dict, out: Path) -> None:
     fig.savefig(out / "step_time.png", dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, height))
-    ax.barh(names, [v[n]["bytes_per_step"] / 2**20 for n in names], color="#457b9d")
-    ax.set_xlabel("communication per step (MiB, counted)")
+    ax.barh(names, [v[n]["volume_per_step"] / 2**20 for n in names], color="#457b9d")
+    ax.set_xlabel("communication per step (MiB, all-reduce-equivalent)")
     for i, n in enumerate(names):
         ax.text(
-            v[n]["bytes_per_step"] / 2**20,
+            v[n]["volume_per_step"] / 2**20,
             i,
             f" {100 * v[n]['comm_share']:.0f}% of step time",
             va="center",
@@ -123,22 +148,48 @@ def charts(summary: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def tb_scalars(v: dict, tokens: int) -> dict[str, list[float]]:
+    """One variant's TensorBoard series: tag -> value at each timed step."""
+    steps = v["step_times_s"]
+    n = len(steps)
+    series = {
+        "time/step_ms": [1e3 * t for t in steps],
+        "throughput(tps)": [tokens / t for t in steps],
+        "tp/comm_share(%)": [100 * v["comm_share"]] * n,
+        "tp/bytes_MiB": [v["volume_per_step"] / 2**20] * n,
+        "tp/collectives": [float(v["collectives_per_step"])] * n,
+        "memory/peak_step_MiB": [v["peak_step_mem_mib"]] * n,
+    }
+    if len(v.get("step_losses", [])) == n:
+        series["loss_metrics/global_avg_loss"] = list(v["step_losses"])
+    return series
+
+
 def tensorboard(summary: dict, out: Path) -> None:
+    """``tb/<variant slug>/``: one run per variant, the same tags in each (TensorBoard
+    overlays the runs in one chart per tag) and the training dashboard's custom-scalars
+    layout; ``tb/ratios/``: the plan ratios (and compile step times) at step 0 and
+    results.md as text."""
+    import shutil
+
     from torch.utils.tensorboard import SummaryWriter
 
-    w = SummaryWriter(str(out / "tb"))
+    from boost_titan.dashboard import layout
+
+    shutil.rmtree(out / "tb", ignore_errors=True)  # a rerun's events replace, not add
+    s = summary["shape"]
+    tokens = s["batch"] * s["seq"]
     for n, v in summary["variants"].items():
-        tag = slug(n)
-        for k in (
-            "step_time_median_s",
-            "tokens_per_s",
-            "comm_share",
-            "bytes_per_step",
-            "peak_step_mem_mib",
-        ):
-            w.add_scalar(f"{tag}/{k}", v[k], 0)
-    for n, c in summary.get("compile", {}).get("variants", {}).items():
-        w.add_scalar(f"{slug(compiled_name(n))}/compile_step_s", c["compile_step_s"], 0)
+        w = SummaryWriter(str(out / "tb" / slug(n)))
+        w.add_custom_scalars(layout(validation=False))
+        for tag, values in tb_scalars(v, tokens).items():
+            for step, val in enumerate(values):
+                w.add_scalar(tag, val, step)
+        w.close()
+    w = SummaryWriter(str(out / "tb" / "ratios"))
     for k, val in summary["ratios"].items():
         w.add_scalar(f"ratios/{k}", val, 0)
+    for n, c in summary.get("compile", {}).get("variants", {}).items():
+        w.add_scalar(f"compile/{slug(compiled_name(n))}_step_s", c["compile_step_s"], 0)
+    w.add_text("results", markdown(summary), 0)
     w.close()

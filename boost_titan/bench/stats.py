@@ -1,5 +1,10 @@
 """Statistics of a benchmark run: raw per-variant timings -> the summary in results.json
-(medians, tokens/s, comm share, plan ratios, checkpointing efficiency, compiled vs eager)."""
+(medians, tokens/s, comm share, plan ratios, checkpointing efficiency, compiled vs eager).
+
+Communication volume is stated in all-reduce-equivalent bytes (``volume_per_step``, the
+planner's and the paper's convention, ``boost_titan.comm_stats.allreduce_equivalent``: an
+all-gather or reduce-scatter counts half its payload); ``bytes_per_step`` keeps the raw
+counted payload."""
 
 from __future__ import annotations
 
@@ -48,7 +53,11 @@ def _variant_stats(r: dict, tokens: int) -> dict:
         "steps_timed": len(r["step_times"]),
         "tokens_per_s": tokens / med,
         "comm_share": share,
-        "bytes_per_step": r["bytes_per_step"],
+        "step_times_s": list(r["step_times"]),
+        "step_losses": list(r.get("step_losses", [])),
+        "volume_per_step": r["volume_per_step"],  # all-reduce-equivalent bytes
+        "bytes_per_step": r["bytes_per_step"],  # raw counted payload
+        "comm_by_op": r.get("comm_by_op", {}),  # raw payload per op
         "collectives_per_step": r["collectives_per_step"],
         "peak_step_mem_mib": r["peak_step_mem_bytes"] / 2**20,
         "saved_activation_mib": r["saved_activation_bytes"] / 2**20,
@@ -64,11 +73,14 @@ def _plan_ratios(v: dict, suffix: str, key_suffix: str) -> dict:
     ratios = {}
     if btp in v and vanilla in v:
         ratios["btp_vs_vanilla_tokens_per_s"] = v[btp]["tokens_per_s"] / v[vanilla]["tokens_per_s"]
-        ratios["vanilla_vs_btp_bytes"] = v[vanilla]["bytes_per_step"] / max(
-            v[btp]["bytes_per_step"], 1
+        ratios["vanilla_vs_btp_volume"] = v[vanilla]["volume_per_step"] / max(
+            v[btp]["volume_per_step"], 1
         )
     if btp in v and full in v:
         ratios["btp_vs_fullrank_tokens_per_s"] = v[btp]["tokens_per_s"] / v[full]["tokens_per_s"]
+        ratios["fullrank_vs_btp_volume"] = v[full]["volume_per_step"] / max(
+            v[btp]["volume_per_step"], 1
+        )
     if ungrouped in v:
         ratios["grouping_speedup"] = (
             v[ungrouped]["step_time_median_s"] / v[btp]["step_time_median_s"]

@@ -25,13 +25,16 @@ class VariantResult:
     rep_times: list[float] = field(default_factory=list)  # mean step time of each repetition
     comm_times: list[float] = field(default_factory=list)
     instrumented_step_times: list[float] = field(default_factory=list)
-    bytes_per_step: int = 0
+    bytes_per_step: int = 0  # raw payload counted
+    volume_per_step: float = 0.0  # all-reduce-equivalent bytes
+    comm_by_op: dict = field(default_factory=dict)  # op -> {"count", "bytes"} per step
     collectives_per_step: int = 0
     peak_step_mem_bytes: int = 0
     saved_activation_bytes: int = 0
     param_bytes_per_rank: int = 0
     warmup_times: list[float] = field(default_factory=list)  # the first one compiles, if compiled
     first_step_loss: float | None = None
+    step_losses: list[float] = field(default_factory=list)  # loss of each timed step
     graphs_compiled_in_timed_steps: int = 0  # > 0: a recompile polluted the step times
 
 
@@ -138,10 +141,11 @@ def _timed_steps(built, result: VariantResult, steps: int, tokens, labels, devic
             base = current_rss_bytes()
             reset_peak_rss()
         t0 = time.perf_counter()
-        train_step(model, opt, tokens, labels, loss_fn)
+        loss = train_step(model, opt, tokens, labels, loss_fn)
         sync(device)
         result.step_times.append(time.perf_counter() - t0)
         peak = torch.cuda.max_memory_allocated() - base if cuda else peak_rss_bytes() - base
+        result.step_losses.append(_scalar(loss))  # after the timed interval
         result.peak_step_mem_bytes = max(result.peak_step_mem_bytes, peak)
     result.graphs_compiled_in_timed_steps += _graphs_compiled() - graphs_before
     result.rep_times.append(statistics.mean(result.step_times[rep_start:]))
@@ -160,5 +164,6 @@ def _instrumented_steps(
         comm.collectives_per_step,
         comm.bytes_per_step,
     )
+    result.volume_per_step, result.comm_by_op = comm.volume_per_step, comm.by_op
     result.instrumented_step_times.extend(comm.step_times)
     result.comm_times.extend(comm.comm_times)
