@@ -28,6 +28,7 @@ reduce-scatter plus an all-gather, each moving half as much per rank).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -92,6 +93,39 @@ def profiler_op(event_name: str) -> str:
         return ""
     op = canonical_op(op)
     return op if op.startswith(COLLECTIVES) or op == "wait_tensor" else ""
+
+
+# dtype names as torch.profiler records them -> bytes per element
+_PROFILER_DTYPE_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "long int": 8,
+    "int": 4,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+}
+
+
+def profiled_bytes(name: str, shapes: list, dtypes: list, concrete: list) -> int:
+    """Payload of one functional collective recorded by ``torch.profiler`` (with
+    ``record_shapes``: its input shapes, dtypes and concrete inputs), as
+    :class:`CommCounter` counts it: the input, an all-gather's gathered output (its
+    input times the group size, the op's second argument)."""
+    dtype = dtypes[0]
+    if dtype not in _PROFILER_DTYPE_BYTES:
+        raise ValueError(f"collective {name} on dtype {dtype!r}: add it to _PROFILER_DTYPE_BYTES")
+    shape = shapes[0]
+    if shape and isinstance(shape[0], list):  # coalesced: a list of tensors
+        numel = sum(math.prod(s) for s in shape)
+    else:
+        numel = math.prod(shape)
+    nbytes = numel * _PROFILER_DTYPE_BYTES[dtype]
+    if "all_gather" in name:  # (input, group_size, group_name)
+        nbytes *= int(concrete[1])
+    return nbytes
 
 
 class CollectiveHook(TorchDispatchMode):

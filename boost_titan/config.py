@@ -94,6 +94,12 @@ class Boost:
     """Count tensor-parallel collectives (count and bytes, forward/backward) on the
     first training step and log them."""
 
+    profile_freq: int = 10
+    """Profile step 2 and every profile_freq-th step (``boost_titan.step_profile``):
+    forward/backward/optimizer time, tensor-parallel collective time, bytes and count,
+    other and exposed communication, written to TensorBoard (time/, tp/, comm/) and the
+    console, and the executed FLOPs behind hfu(%). 0 disables."""
+
 
 @dataclass
 class Optimizer:
@@ -138,6 +144,10 @@ def validate_boost_config(boost: Boost) -> None:
     if boost.nan_max_consecutive_skips < 1:
         raise ValueError(
             f"[boost] nan_max_consecutive_skips = {boost.nan_max_consecutive_skips} must be >= 1"
+        )
+    if boost.profile_freq < 0:
+        raise ValueError(
+            f"[boost] profile_freq = {boost.profile_freq} must be >= 0 (0 disables profiling)"
         )
     if boost.latent_checkpoint_every < 1:
         raise ValueError(

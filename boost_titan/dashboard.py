@@ -3,7 +3,8 @@
 torchtitan writes its scalars flat (``loss_metrics/...``, ``throughput(tps)``,
 ``memory/...``, ``lr`` ...), so the SCALARS page scatters what one reads together:
 train and validation loss land in separate sections, throughput/TFLOPs/MFU sit apart.
-The custom-scalars layout below groups them (loss, throughput, memory, optimizer); it
+The custom-scalars layout below groups them (loss, throughput, communication, step
+time, memory, optimizer), with the profiled steps' scalars (``boost_titan.step_profile``); it
 costs one summary in the run's own event file, written once by each rank that writes
 TensorBoard (the same ``SummaryWriter``, so the same folder).
 
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import re
 
-# (category, chart title, tags). Validation tags are dropped when validation is off.
+# (category, chart title, tags), in the order the page shows them. Validation tags are
+# dropped when validation is off. The time/, tp/, comm/ and hfu tags are the profiled
+# steps' (boost_titan.step_profile).
 CHARTS: list[tuple[str, str, list[str]]] = [
     (
         "loss",
@@ -27,12 +30,43 @@ CHARTS: list[tuple[str, str, list[str]]] = [
         ["loss_metrics/global_avg_loss", "loss_metrics/global_max_loss", "validation_metrics/loss"],
     ),
     ("throughput", "tokens/s", ["throughput(tps)"]),
+    ("throughput", "MFU and HFU (%)", ["mfu(%)", "hfu(%)"]),
     ("throughput", "TFLOPs", ["tflops"]),
-    ("throughput", "MFU (%)", ["mfu(%)"]),
+    ("communication", "TP comm share of the step (%)", ["tp/comm_share(%)"]),
+    ("communication", "TP volume per step (MiB, all-reduce-equivalent)", ["tp/bytes_MiB"]),
+    ("communication", "TP collectives per step", ["tp/collectives"]),
+    ("communication", "other and exposed comm (ms)", ["comm/other_ms", "comm/exposed_ms"]),
+    (
+        "step time",
+        "step, forward, backward, optimizer (ms)",
+        ["time/step_ms", "time/forward_ms", "time/backward_ms", "time/optimizer_ms"],
+    ),
+    (
+        "step time",
+        "TP comm vs compute (ms)",
+        [
+            "tp/comm_forward_ms",
+            "tp/compute_forward_ms",
+            "tp/comm_backward_ms",
+            "tp/compute_backward_ms",
+        ],
+    ),
     ("memory", "max memory (GiB)", ["memory/max_reserved(GiB)", "memory/max_active(GiB)"]),
     ("memory", "max memory (%)", ["memory/max_reserved(%)", "memory/max_active(%)"]),
     ("optimizer", "grad norm", ["grad_norm"]),
     ("optimizer", "learning rate", ["lr"]),
+]
+
+# The benchmark's runs (python -m boost_titan.bench: one run per variant under one log
+# dir, so TensorBoard overlays the plans in each chart).
+BENCH_CHARTS: list[tuple[str, str, list[str]]] = [
+    ("loss", "loss", ["loss_metrics/global_avg_loss"]),
+    ("throughput", "tokens/s", ["throughput(tps)"]),
+    ("communication", "TP comm share of the step (%)", ["tp/comm_share(%)"]),
+    ("communication", "TP volume per step (MiB, all-reduce-equivalent)", ["tp/bytes_MiB"]),
+    ("communication", "TP collectives per step", ["tp/collectives"]),
+    ("step time", "step (ms)", ["time/step_ms"]),
+    ("memory", "peak step memory (MiB)", ["memory/peak_step_MiB"]),
 ]
 
 VALIDATION_PREFIX = "validation_metrics/"
@@ -43,14 +77,22 @@ def tag_regex(tag: str) -> str:
     return re.escape(tag) + "$"
 
 
-def layout(validation: bool = True, prefix: str | None = None) -> dict:
+def layout(
+    validation: bool = True, prefix: str | None = None, charts=None, profiled: bool = True
+) -> dict:
     """``SummaryWriter.add_custom_scalars`` layout: {category: {title: ["Multiline", regexes]}}.
 
     ``prefix`` is the MetricsProcessor's tag, which TensorBoardLogger puts before every tag.
+    ``charts``: ``CHARTS`` (a training run, the default) or ``BENCH_CHARTS``.
+    ``profiled=False`` (``[boost] profile_freq = 0``) drops the profiled steps' charts.
     """
+    from boost_titan.step_profile import HFU_TAG, TAGS
+
+    dropped = set() if profiled else {*TAGS, HFU_TAG}
     out: dict[str, dict[str, list]] = {}
-    for category, title, tags in CHARTS:
+    for category, title, tags in CHARTS if charts is None else charts:
         tags = [t for t in tags if validation or not t.startswith(VALIDATION_PREFIX)]
+        tags = [t for t in tags if t not in dropped]
         if tags:
             full = [t if prefix is None else f"{prefix}/{t}" for t in tags]
             out.setdefault(category, {})[title] = ["Multiline", [tag_regex(t) for t in full]]
@@ -69,7 +111,10 @@ def write_layout(metric_logger, job_config) -> int:
     written = 0
     for tb in loggers:
         if isinstance(tb, TensorBoardLogger):
-            tb.writer.add_custom_scalars(layout(job_config.validation.enable, tb.tag))
+            profiled = job_config.boost.profile_freq > 0
+            tb.writer.add_custom_scalars(
+                layout(job_config.validation.enable, tb.tag, None, profiled)
+            )
             tb.writer.flush()
             written += 1
     return written

@@ -9,21 +9,28 @@ one per validation), the other ranks contributing zeros, so the result is the la
 stage's value exactly. The gradient norm needs nothing: ``clip_grad_norm_`` already
 reduces it over the PP mesh.
 
-It also writes the BOOST dashboard (``boost_titan.dashboard``) into the run's
-TensorBoard event file, once, on the rank(s) that write TensorBoard.
+It adds ``hfu(%)`` beside torchtitan's ``mfu(%)`` once the trainer has counted the
+executed FLOPs (``boost_titan.step_profile``), and writes the BOOST dashboard
+(``boost_titan.dashboard``) into the run's TensorBoard event file, once, on the rank(s)
+that write TensorBoard.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils
 
+from boost_titan.step_profile import HFU_TAG
+
 
 class BoostMetricsProcessor(MetricsProcessor):
     _pp_mesh: DeviceMesh | None = None
     _has_last_stage = True
+    executed_flops_per_token: float | None = None  # set by the trainer's profiled step 1
 
     def __init__(self, job_config, parallel_dims, tag=None):
         super().__init__(job_config, parallel_dims, tag)
@@ -45,7 +52,15 @@ class BoostMetricsProcessor(MetricsProcessor):
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         global_avg_loss, global_max_loss = self._last_stage(global_avg_loss, global_max_loss)
+        if self.executed_flops_per_token is not None:
+            extra_metrics = {**(extra_metrics or {}), HFU_TAG: self._hfu()}
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
+
+    def _hfu(self) -> float:
+        """torchtitan's MFU formula (same tokens, same time window) on executed FLOPs."""
+        elapsed = time.perf_counter() - self.time_last_log
+        tps = self.ntokens_since_last_log / (elapsed * self.parallel_dims.non_data_parallel_size)
+        return 100 * self.executed_flops_per_token * tps / self.gpu_peak_flops
 
     def log_validation(self, loss, step, extra_metrics=None):
         (loss,) = self._last_stage(loss)

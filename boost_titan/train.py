@@ -21,6 +21,7 @@ import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets
 from boost_titan import fault  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
+from boost_titan.step_profile import StepProfiler, console_line  # noqa: E402
 
 
 class BoostTrainer(Trainer):
@@ -32,6 +33,9 @@ class BoostTrainer(Trainer):
     * ``[boost] log_comm`` counts the collectives of the first forward/backward (count
       and bytes per op and phase, one block in detail), logs them, writes
       ``<dump_folder>/comm_stats.json`` and TensorBoard scalars;
+    * ``[boost] profile_freq``: step 2 and every k-th step run under torch.profiler
+      and write where their time went (``boost_titan.step_profile``): time/, tp/ and
+      comm/ scalars in TensorBoard, one console line, and hfu(%) beside mfu(%);
     * faults (``boost_titan.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
       the run cleanly, cut-off checkpoints are set aside before resuming, and
@@ -49,6 +53,9 @@ class BoostTrainer(Trainer):
         self.guard = fault.StepGuard(
             self, boost.nan_policy, boost.nan_max_consecutive_skips, self.preemption
         )
+        from torchtitan.tools import utils
+
+        self.step_profiler = StepProfiler(boost.profile_freq, utils.device_type)
         if self.parallel_dims.pp_enabled:  # every PP rank logs the last stage's loss
             self.metrics_processor.share_pipeline_loss(
                 self.parallel_dims.get_mesh("pp"), self.pp_has_last_stage
@@ -64,8 +71,23 @@ class BoostTrainer(Trainer):
         return super().train()
 
     def train_step(self, data_iterator):
-        super().train_step(data_iterator)
+        if self.step_profiler.wants(self.step):
+            self._profiled_train_step(data_iterator)
+        else:
+            super().train_step(data_iterator)
         self._last_run_step = self.step
+
+    def _profiled_train_step(self, data_iterator):
+        tokens_before = self.ntokens_seen
+        with self.step_profiler.profile() as scalars:
+            super().train_step(data_iterator)
+        # executed FLOPs per token on MFU's footing (per device of one model replica)
+        tokens = max(self.ntokens_seen - tokens_before, 1)
+        self.metrics_processor.executed_flops_per_token = (
+            self.step_profiler.flops_per_step * self.parallel_dims.non_data_parallel_size / tokens
+        )
+        self.metrics_processor.logger.log(scalars, step=self.step)
+        logger.info(console_line(self.step, scalars))
 
     def should_continue_training(self) -> bool:
         if self._last_run_step == self.step:
@@ -97,7 +119,8 @@ class BoostTrainer(Trainer):
 
     def _forward_backward(self, input_dict, labels, global_valid_tokens):
         global_valid_tokens = self.injector.poison_loss_scale(self.step, global_valid_tokens)
-        loss = self._forward_backward_impl(input_dict, labels, global_valid_tokens)
+        with self.step_profiler.forward_backward():
+            loss = self._forward_backward_impl(input_dict, labels, global_valid_tokens)
         self.injector.poison_grads(self.step, self.model_parts)
         self.guard.record_loss(loss)
         return loss

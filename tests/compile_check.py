@@ -10,6 +10,7 @@ check one configuration: ``python tests/compile_check.py btp cola none attention
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -20,8 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from boost_titan.comm_stats import CommCounter
+from boost_titan.step_profile import StepProfiler
+
 TP = 2
 STEPS = 3
+PROFILED_STEP, COUNTED_STEP = 1, 2  # 0-based
 
 
 def _job_config(plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac: str = "none"):
@@ -84,17 +89,29 @@ def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, optimizer, comp
     context = dist_utils.get_train_context(True)  # loss-parallel, as the trainer
     opt = _optimizer(optimizer, model, args)
     losses, norms = [], []
+    # step 2 runs under the trainer's step profiler; eager step 3's forward/backward is
+    # counted by CommCounter (a dispatch mode: compiled code refuses it), the reference
+    profiler = StepProfiler(1, "cpu")
+    profile: dict = {}
     start = time.perf_counter()
-    for tokens, labels in batches:
-        with context():
-            loss = loss_fn(model(tokens), labels) / labels.numel()
-            loss.backward()
-        norm = dist_utils.clip_grad_norm_(list(model.parameters()), max_norm=1.0, foreach=True)
-        opt.step()
-        opt.zero_grad()
+    for i, (tokens, labels) in enumerate(batches):
+        profiled = profiler.profile() if i == PROFILED_STEP else contextlib.nullcontext({})
+        counter = CommCounter() if i == COUNTED_STEP and not compiled else None
+        with profiled as scalars:
+            with profiler.forward_backward(), counter or contextlib.nullcontext(), context():
+                loss = loss_fn(model(tokens), labels) / labels.numel()
+                loss.backward()
+            norm = dist_utils.clip_grad_norm_(list(model.parameters()), max_norm=1.0, foreach=True)
+            opt.step()
+            opt.zero_grad()
+        if i == PROFILED_STEP:
+            profile.update(scalars, flops=profiler.flops_per_step)
+        if counter is not None:
+            profile["counted_collectives"] = len(counter.records)
+            profile["counted_volume_MiB"] = sum(r.volume for r in counter.records) / 2**20
         losses.append(loss.full_tensor().item() if hasattr(loss, "full_tensor") else loss.item())
         norms.append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
-    return losses, norms, time.perf_counter() - start
+    return losses, norms, time.perf_counter() - start, profile
 
 
 def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: str):
@@ -135,7 +152,7 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
                 "optimizer": optimizer,
             }
             for mode in ("eager", "compiled"):
-                losses, norms, secs = _run(
+                losses, norms, secs, profile = _run(
                     dims,
                     copy.deepcopy(args),
                     plan,
@@ -146,7 +163,12 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
                     mode == "compiled",
                     batches,
                 )
-                row[mode] = {"loss": losses, "grad_norm": norms, "seconds": secs}
+                row[mode] = {
+                    "loss": losses,
+                    "grad_norm": norms,
+                    "seconds": secs,
+                    "profile": profile,
+                }
             results.append(row)
             torch._dynamo.reset()
         if rank == 0:

@@ -38,10 +38,26 @@ MATRIX = [
 
 def _assert_same(row: dict) -> None:
     eager, compiled = row["eager"], row["compiled"]
+    _assert_profiles(row)
     for step, (a, b) in enumerate(zip(eager["loss"], compiled["loss"]), start=1):
         assert abs(a - b) <= LOSS_RTOL * abs(a), (row, step)
     for step, (a, b) in enumerate(zip(eager["grad_norm"], compiled["grad_norm"]), start=1):
         assert abs(a - b) <= GRAD_NORM_RTOL * abs(a), (row, step)
+
+
+def _assert_profiles(row: dict) -> None:
+    """The step profiler (boost_titan.step_profile) reads the same TP collectives, volume
+    and executed FLOPs from a compiled step's profile as from an eager one's, and both
+    equal CommCounter's count of the eager forward/backward (all-reduce-equivalent)."""
+    eager, compiled = row["eager"]["profile"], row["compiled"]["profile"]
+    for prof in (eager, compiled):
+        assert prof["tp/collectives"] == eager["counted_collectives"] > 0, (row, prof)
+        assert prof["tp/bytes_MiB"] == pytest.approx(eager["counted_volume_MiB"], rel=1e-9)
+    assert compiled["flops"] == pytest.approx(eager["flops"], rel=1e-9) and eager["flops"] > 0
+    for prof in (eager, compiled):  # phases add up; collectives fit in their phase
+        assert prof["time/forward_ms"] + prof["time/backward_ms"] <= prof["time/step_ms"]
+        assert 0 < prof["tp/comm_forward_ms"] < prof["time/forward_ms"]
+        assert 0 < prof["tp/comm_backward_ms"] < prof["time/backward_ms"]
 
 
 # Inductor's C++ builds dominate (~1 min per configuration on 2 cores, cold): keep the
