@@ -226,6 +226,7 @@ class StepEvents:
     step: tuple[float, float]  # the whole train_step (us)
     windows: list[tuple[float, float]]  # boost/forward_backward ranges
     backward_starts: list[float]  # per window: its first autograd evaluate_function
+    backward: list[tuple[float, float]]  # every outermost evaluate_function range
     tp: dict[str, list[tuple[float, float]]]  # phase -> TP collective time spans
     other: list[tuple[float, float]]  # every other collective time span
     compute: list[tuple[float, float]]  # device kernels that are not collectives (GPU)
@@ -243,10 +244,12 @@ def collect(events: list[Event], device: bool) -> StepEvents:
     step = next(e for e in host if e.name == STEP)
     windows = sorted((e.start, e.end) for e in host if e.name == WINDOW)
     nest = _nesting(host)
-    backward = [e.start for e in host if e.name.startswith(BACKWARD) and not nest[id(e)][1]]
+    backward = [
+        (e.start, e.end) for e in host if e.name.startswith(BACKWARD) and not nest[id(e)][1]
+    ]
     starts = []
     for ws, we in windows:
-        inside = [s for s in backward if ws <= s <= we]
+        inside = [s for s, _ in backward if ws <= s <= we]
         starts.append(min(inside) if inside else we)
 
     def kind(op: Event) -> str:
@@ -255,7 +258,7 @@ def collect(events: list[Event], device: bool) -> StepEvents:
         return "tp" if op.name.startswith(TP_NAMESPACE) and in_window else "other"
 
     out = StepEvents(
-        (step.start, step.end), windows, starts, {"forward": [], "backward": []}, [], []
+        (step.start, step.end), windows, starts, backward, {"forward": [], "backward": []}, [], []
     )
     out.flops = executed_flops(host)
     for e in host:
@@ -289,16 +292,23 @@ def collect(events: list[Event], device: bool) -> StepEvents:
     return out
 
 
-def scalars(ev: StepEvents, device: bool) -> dict[str, float]:
-    """The per-step scalars (``TAGS``) of one profiled step, in ms."""
+def scalars(ev: StepEvents, device: bool, interleaved: bool = False) -> dict[str, float]:
+    """The per-step scalars (``TAGS``) of one profiled step, in ms.
+
+    A forward/backward call is forward until its first backward op, backward after
+    (device-synchronised ends, so a GPU's queued work lands in the right phase).
+    ``interleaved`` (pipeline schedules, whose microbatches alternate forward and
+    backward): backward is the time inside autograd's ops, forward the rest."""
     ms = 1e-3
     step = (ev.step[1] - ev.step[0]) * ms
-    if ev.windows and all(s < e for s, e in zip(ev.backward_starts, [w[1] for w in ev.windows])):
-        forward = sum(b - w[0] for w, b in zip(ev.windows, ev.backward_starts)) * ms
-    else:
-        forward = sum(w[1] - w[0] for w in ev.windows) * ms
     fb = sum(w[1] - w[0] for w in ev.windows) * ms
-    backward = fb - forward
+    if interleaved:
+        inside = [(max(s, ws), min(e, we)) for s, e in ev.backward for ws, we in ev.windows]
+        backward = length([(s, e) for s, e in inside if s < e]) * ms
+        forward = fb - backward
+    else:
+        forward = sum(b - w[0] for w, b in zip(ev.windows, ev.backward_starts)) * ms
+        backward = fb - forward
     optimizer = (ev.step[1] - ev.windows[-1][1]) * ms if ev.windows else 0.0
     tp_f = length(ev.tp["forward"]) * ms
     tp_b = length(ev.tp["backward"]) * ms
@@ -341,9 +351,10 @@ def _sync(device_type: str) -> None:
 class StepProfiler:
     """Decides which steps are profiled, profiles them, turns them into scalars."""
 
-    def __init__(self, freq: int, device_type: str) -> None:
+    def __init__(self, freq: int, device_type: str, interleaved: bool = False) -> None:
         self.freq = freq
         self.device_type = device_type
+        self.interleaved = interleaved  # pipeline schedules (see :func:`scalars`)
         self.flops_per_step = 0.0  # executed FLOPs of the latest profiled step, this rank
         self._active = False
 
@@ -377,7 +388,7 @@ class StepProfiler:
                 self._active = False
         events = collect(from_kineto(prof), device)
         self.flops_per_step = events.flops
-        result.update(scalars(events, device))
+        result.update(scalars(events, device, self.interleaved))
 
     @contextlib.contextmanager
     def forward_backward(self):

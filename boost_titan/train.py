@@ -55,7 +55,9 @@ class BoostTrainer(Trainer):
         )
         from torchtitan.tools import utils
 
-        self.step_profiler = StepProfiler(boost.profile_freq, utils.device_type)
+        self.step_profiler = StepProfiler(
+            boost.profile_freq, utils.device_type, interleaved=self.parallel_dims.pp_enabled
+        )
         if self.parallel_dims.pp_enabled:  # every PP rank logs the last stage's loss
             self.metrics_processor.share_pipeline_loss(
                 self.parallel_dims.get_mesh("pp"), self.pp_has_last_stage

@@ -8,7 +8,7 @@ import re
 import pytest
 from helpers import run_training
 
-from boost_titan import dashboard
+from boost_titan import dashboard, step_profile
 
 CONFIG_TAG = "custom_scalars__config__"
 
@@ -21,13 +21,38 @@ EXPECTED = {
             "validation_metrics/loss",
         ]
     },
-    "throughput": {"tokens/s": ["throughput(tps)"], "TFLOPs": ["tflops"], "MFU (%)": ["mfu(%)"]},
+    "throughput": {
+        "tokens/s": ["throughput(tps)"],
+        "MFU and HFU (%)": ["mfu(%)", "hfu(%)"],
+        "TFLOPs": ["tflops"],
+    },
+    "communication": {
+        "TP comm share of the step (%)": ["tp/comm_share(%)"],
+        "TP volume per step (MiB, all-reduce-equivalent)": ["tp/bytes_MiB"],
+        "TP collectives per step": ["tp/collectives"],
+        "other and exposed comm (ms)": ["comm/other_ms", "comm/exposed_ms"],
+    },
+    "step time": {
+        "step, forward, backward, optimizer (ms)": [
+            "time/step_ms",
+            "time/forward_ms",
+            "time/backward_ms",
+            "time/optimizer_ms",
+        ],
+        "TP comm vs compute (ms)": [
+            "tp/comm_forward_ms",
+            "tp/compute_forward_ms",
+            "tp/comm_backward_ms",
+            "tp/compute_backward_ms",
+        ],
+    },
     "memory": {
         "max memory (GiB)": ["memory/max_reserved(GiB)", "memory/max_active(GiB)"],
         "max memory (%)": ["memory/max_reserved(%)", "memory/max_active(%)"],
     },
     "optimizer": {"grad norm": ["grad_norm"], "learning rate": ["lr"]},
 }
+PROFILED = {*step_profile.TAGS}
 
 
 def read_event_file(path: str):
@@ -95,8 +120,16 @@ def test_run_writes_dashboard_once(tb_run):
     for _, _, tags in dashboard.CHARTS:
         for tag in tags:
             assert tag in scalars, f"{tag} is on the dashboard but not written: {sorted(scalars)}"
-            # torchtitan validates at step 1 and every validation.freq steps
-            assert scalars[tag] == ([1, 3] if tag.startswith("validation_") else [1, 2, 3]), tag
+            # torchtitan validates at step 1 and every validation.freq steps; step 2 is
+            # profiled (profile_freq 10); hfu needs a profiled step's FLOPs, so from step 3
+            if tag.startswith("validation_"):
+                assert scalars[tag] == [1, 3], tag
+            elif tag in PROFILED:
+                assert scalars[tag] == [2], tag
+            elif tag == step_profile.HFU_TAG:
+                assert scalars[tag] == [3], tag
+            else:
+                assert scalars[tag] == [1, 2, 3], tag
 
 
 def test_missing_tag_is_caught():
@@ -125,3 +158,7 @@ def test_layout_without_validation_and_with_prefix():
     ]
     tagged = dashboard.layout(prefix="ft")
     assert tagged["optimizer"]["learning rate"][1] == [dashboard.tag_regex("ft/lr")]
+    # profiling off ([boost] profile_freq = 0): its charts go, MFU stays alone
+    unprofiled = dashboard.layout(profiled=False)
+    assert "communication" not in unprofiled and "step time" not in unprofiled
+    assert unprofiled["throughput"]["MFU and HFU (%)"][1] == [dashboard.tag_regex("mfu(%)")]
