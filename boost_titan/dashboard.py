@@ -118,3 +118,12 @@ def write_layout(metric_logger, job_config) -> int:
             tb.writer.flush()
             written += 1
     return written
+
+
+def write_text(metric_logger, tag: str, markdown: str, step: int) -> None:
+    """A markdown text (TensorBoard's TEXT page) through every TensorBoardLogger."""
+    from torchtitan.components.metrics import TensorBoardLogger
+
+    for tb in getattr(metric_logger, "_loggers", [metric_logger]):
+        if isinstance(tb, TensorBoardLogger):
+            tb.writer.add_text(tag if tb.tag is None else f"{tb.tag}/{tag}", markdown, step)

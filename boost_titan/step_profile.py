@@ -48,6 +48,7 @@ per token of the latest profiled step.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -79,6 +80,7 @@ TAGS = (
     "comm/exposed_ms",
 )
 HFU_TAG = "hfu(%)"
+SUMMARY_TAG = "profile/summary"  # TensorBoard TEXT: :func:`summary` of each profiled step
 
 
 # ---------------------------------------------------------------- interval arithmetic
@@ -123,6 +125,7 @@ class Event:
     concrete: list = field(default_factory=list)
     annotation: bool = False
     flops: int = 0  # the profiler's count (matmuls only, with_flops=True)
+    sequence_nr: int = -1  # autograd's: a forward op and its backward node share it
 
 
 def from_kineto(prof) -> list[Event]:
@@ -147,6 +150,7 @@ def from_kineto(prof) -> list[Event]:
                 e.concrete_inputs(),
                 e.is_user_annotation(),
                 e.flops(),
+                e.sequence_nr(),
             )
         )
     return out
@@ -342,6 +346,115 @@ def console_line(step: int, s: dict[str, float]) -> str:
     )
 
 
+# ---------------------------------------------------------------- trace summary
+LABEL = re.compile(r"^[a-z]+/layer\d+/")
+
+
+def _walk(host: list[Event]):
+    """Per host event: (innermost collective-point label, innermost backward node)."""
+    out: dict[int, tuple[str, Event | None]] = {}
+    for evs in _threads(host).values():
+        stack: list[tuple[float, str, Event | None]] = []
+        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+            while stack and stack[-1][0] <= e.start:
+                stack.pop()
+            label, node = (stack[-1][1], stack[-1][2]) if stack else ("", None)
+            out[id(e)] = (label, node)
+            if LABEL.match(e.name):
+                label = e.name
+            if e.name.startswith(BACKWARD):
+                node = e
+            stack.append((e.end, label, node))
+    return out
+
+
+def summary(events: list[Event], top: int = 12) -> str:
+    """Markdown: the profiled step's TP collectives by block and collective point
+    (forward in its ``LatentComm.scope``; backward named after the forward op that made
+    its autograd node), then the ``top`` host ops by self time."""
+    host = [e for e in events if not e.device]
+    nest, walk = _nesting(host), _walk(host)
+    windows = [(e.start, e.end) for e in host if e.name == WINDOW]
+    # the collective point of every forward op autograd recorded
+    point_of_seq = {}
+    for e in host:
+        label, node = walk[id(e)]
+        if e.sequence_nr >= 0 and node is None and label and e.sequence_nr not in point_of_seq:
+            point_of_seq[e.sequence_nr] = label
+    rows: dict[tuple[str, str], list] = {}  # (point, phase) -> [count, volume, us, ops]
+    for e in host:
+        owner, in_bwd = nest[id(e)]
+        op = profiler_op(e.name)
+        if owner is not e or not op or not any(ws <= e.start <= we for ws, we in windows):
+            continue
+        label, node = walk[id(e)]
+        if in_bwd and node is not None:
+            label = point_of_seq.get(node.sequence_nr, "")
+        key = (label or "(outside the blocks)", "backward" if in_bwd else "forward")
+        row = rows.setdefault(key, [0, 0.0, 0.0, set()])
+        row[2] += e.end - e.start  # collectives and their waits
+        if op.startswith(COLLECTIVES):
+            base = next(c for c in COLLECTIVES if op.startswith(c))
+            nbytes = profiled_bytes(e.name, e.shapes, e.dtypes, e.concrete)
+            row[0] += 1
+            row[1] += allreduce_equivalent(base, nbytes)
+            row[3].add(base)
+    lines = [
+        "TP collectives of the forward/backward by block and collective point (MiB "
+        "all-reduce-equivalent; ms: the calling thread's time in them and their waits):",
+        "",
+        "| point | phase | collectives | count | MiB | ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (label, phase), (count, volume, us, ops) in sorted(rows.items(), key=_natural):
+        lines.append(
+            f"| {label} | {phase} | {', '.join(sorted(ops))} | {count} | {volume / MIB:.3f} "
+            f"| {us / 1e3:.2f} |"
+        )
+    lines += [
+        "",
+        f"Top {top} host ops by self time:",
+        "",
+        "| op | calls | self ms |",
+        "|---|---|---|",
+    ]
+    for name, (calls, us) in _self_times(host)[:top]:
+        lines.append(f"| {name} | {calls} | {us / 1e3:.2f} |")
+    return "\n".join(lines)
+
+
+def _natural(item):
+    (label, phase), _ = item
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)], phase
+
+
+def _self_times(host: list[Event]) -> list[tuple[str, tuple[int, float]]]:
+    """(op, (calls, self time us)) by self time, ranges of annotations left out."""
+    totals: dict[str, list[float]] = {}
+    for evs in _threads(host).values():
+        stack: list[list] = []  # [end, name, child time]
+
+        def close(frame):
+            end, name, start, children = frame
+            row = totals.setdefault(name, [0, 0.0])
+            row[0] += 1
+            row[1] += (end - start) - children
+
+        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+            while stack and stack[-1][0] <= e.start:
+                close(stack.pop())
+            if stack:
+                stack[-1][3] += e.end - e.start
+            stack.append([e.end, e.name, e.start, 0.0])
+        while stack:
+            close(stack.pop())
+    skip = (STEP, WINDOW)
+    rows = [
+        (n, (int(c), t)) for n, (c, t) in totals.items() if n not in skip and not LABEL.match(n)
+    ]
+    return sorted(rows, key=lambda r: -r[1][1])
+
+
 # ---------------------------------------------------------------- the trainer's side
 def _sync(device_type: str) -> None:
     if device_type == "cuda":
@@ -356,6 +469,7 @@ class StepProfiler:
         self.device_type = device_type
         self.interleaved = interleaved  # pipeline schedules (see :func:`scalars`)
         self.flops_per_step = 0.0  # executed FLOPs of the latest profiled step, this rank
+        self.last_summary = ""  # markdown of the latest profiled step (:func:`summary`)
         self._active = False
 
     def wants(self, step: int) -> bool:
@@ -386,8 +500,10 @@ class StepProfiler:
                     _sync(self.device_type)
             finally:
                 self._active = False
-        events = collect(from_kineto(prof), device)
+        raw = from_kineto(prof)
+        events = collect(raw, device)
         self.flops_per_step = events.flops
+        self.last_summary = summary(raw)
         result.update(scalars(events, device, self.interleaved))
 
     @contextlib.contextmanager

@@ -18,10 +18,10 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import fault  # noqa: E402
+from boost_titan import dashboard, fault  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
-from boost_titan.step_profile import StepProfiler, console_line  # noqa: E402
+from boost_titan.step_profile import SUMMARY_TAG, StepProfiler, console_line  # noqa: E402
 
 
 class BoostTrainer(Trainer):
@@ -35,7 +35,8 @@ class BoostTrainer(Trainer):
       ``<dump_folder>/comm_stats.json`` and TensorBoard scalars;
     * ``[boost] profile_freq``: step 2 and every k-th step run under torch.profiler
       and write where their time went (``boost_titan.step_profile``): time/, tp/ and
-      comm/ scalars in TensorBoard, one console line, and hfu(%) beside mfu(%);
+      comm/ scalars and a text summary (collectives per block, top ops) in
+      TensorBoard, one console line, and hfu(%) beside mfu(%);
     * faults (``boost_titan.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
       the run cleanly, cut-off checkpoints are set aside before resuming, and
@@ -89,6 +90,9 @@ class BoostTrainer(Trainer):
             self.step_profiler.flops_per_step * self.parallel_dims.non_data_parallel_size / tokens
         )
         self.metrics_processor.logger.log(scalars, step=self.step)
+        dashboard.write_text(
+            self.metrics_processor.logger, SUMMARY_TAG, self.step_profiler.last_summary, self.step
+        )
         logger.info(console_line(self.step, scalars))
 
     def should_continue_training(self) -> bool:

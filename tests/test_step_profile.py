@@ -17,6 +17,7 @@ from boost_titan.step_profile import (
     collect,
     executed_flops,
     scalars,
+    summary,
 )
 
 MIB = 2**20
@@ -31,6 +32,10 @@ def _events() -> list[Event]:
     return [
         _host(STEP, 0, 1000),
         _host(WINDOW, 100, 800),
+        # collective points (LatentComm.scope); the op at 362 makes autograd node 7
+        _host("btp/layer3/reduce_down_qkv", 195, 295),
+        _host("btp/layer3/enter_up_qkv", 360, 370),
+        _host("ToLocal", 362, 365, sequence_nr=7),
         # forward: an all-reduce of 4x8 fp32 (its c10d op inside is not counted again)
         _host(
             "_c10d_functional::all_reduce",
@@ -54,7 +59,7 @@ def _events() -> list[Event]:
             shapes=[[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], []],
         ),
         # backward: an all-gather of 2x8 bf16 over 4 ranks, inside autograd's ops
-        _host(f"{BACKWARD}: MmBackward0", 500, 790),
+        _host(f"{BACKWARD}: ToLocalBackward", 500, 790, sequence_nr=7),
         _host(f"{BACKWARD}: inner", 700, 720),
         _host(
             "_c10d_functional::all_gather_into_tensor",
@@ -107,6 +112,18 @@ def test_scalars_from_host_events_closed_form():
     assert s["time/backward_ms"] == pytest.approx(0.29)
     assert s["time/forward_ms"] == pytest.approx(0.41)
     assert ev.flops == EXPECTED_FLOPS == executed_flops([e for e in _events() if not e.device])
+
+
+def test_summary_names_collectives_by_point():
+    """Forward collectives by their scope; a backward one by the scope of the forward op
+    that made its autograd node (same sequence number); outside any: the stack ends."""
+    text = summary(_events())
+    assert "| btp/layer3/reduce_down_qkv | forward | all_reduce | 1 | 0.000 | 0.08 |" in text
+    assert "| btp/layer3/enter_up_qkv | backward | all_gather | 1 | 0.000 | 0.04 |" in text
+    assert text.count("| (outside the blocks)") == 0  # the grad-norm all-reduce: not TP
+    top = text.split("self time:")[1]
+    # self time: 50 us + the global-shape mm's 80 less the local mm's 60 inside it + 60
+    assert "| aten::mm | 3 | 0.13 |" in top and "btp/layer3" not in top
 
 
 def test_scalars_from_device_kernels_closed_form():

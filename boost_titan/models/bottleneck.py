@@ -13,6 +13,8 @@ them are identities; ``boost_titan/tp_plans`` supplies the parallel ones.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -120,7 +122,21 @@ class LatentComm:
         BTP ``sync`` ablation) scales it here and returns no statistics.
     ``full_latent`` / ``local_latent``: LaX's gate and latent norm need the whole
         latent; a plan that splits r gathers it and hands B back its slice.
+
+    Every call site sits in a :meth:`scope` named ``<plan>/layer<i>/<point>_<group>``
+    (e.g. ``btp/layer3/reduce_down_qkv``), so a profiler trace names each collective by
+    its block and chunk; its backward collectives inherit the name through autograd's
+    sequence numbers (``boost_titan.step_profile``).
     """
+
+    label = ""  # "<plan>/layer<i>", set by tp_plans.apply_tp_plan
+
+    def scope(self, point: str):
+        """A profiler range around a collective point; nothing when unlabelled (one
+        device) or compiling (Dynamo drops profiler ranges, with a warning)."""
+        if not self.label or torch.compiler.is_compiling():
+            return contextlib.nullcontext()
+        return torch.profiler.record_function(f"{self.label}/{point}")
 
     def enter_down(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -159,29 +175,32 @@ def rms_normalize(x: torch.Tensor, stats: torch.Tensor, eps: float, dim: int) ->
 # full hidden size (x may be a d/T shard).
 
 
-def down_partial(x, projs, comm, grouped, norm=None, dim=0):
+def down_partial(x, projs, comm, grouped, norm=None, dim=0, group=""):
     """Per-rank partial latents (one tensor when grouped) and the norm's partial
     statistics. No forward collective in online mode, so it can be recomputed in
     backward for free (latent checkpointing)."""
     stats = None
     if norm is not None:
         stats = x.float().pow(2).sum(-1, keepdim=True)
-        x, stats = comm.normalize_input(x, stats, norm.eps, dim)
+        with comm.scope(f"normalize_{group}"):
+            x, stats = comm.normalize_input(x, stats, norm.eps, dim)
         x = x * local(norm.weight)
-    x = comm.enter_down(x)
+    with comm.scope(f"enter_down_{group}"):
+        x = comm.enter_down(x)
     if grouped:
         weight = torch.cat([local(p.down.weight) for p in projs], 0)
         return [F.linear(x, weight)], stats
     return [F.linear(x, local(p.down.weight)) for p in projs], stats
 
 
-def down_reduce(partials, stats, comm):
+def down_reduce(partials, stats, comm, group=""):
     """The collective of a down-projection group: reduce the partial latents (the statistics
     ride with the first). Returns the reduced latents and statistics, un-normalised:
     they are all latent checkpointing keeps of a chunk boundary."""
     latents, pending = [], stats
     for partial in partials:
-        latent, reduced = comm.reduce_down(partial, pending)
+        with comm.scope(f"reduce_down_{group}"):
+            latent, reduced = comm.reduce_down(partial, pending)
         if pending is not None:
             stats, pending = reduced, None
         latents.append(latent)
@@ -204,18 +223,25 @@ def up_group(
     projs: list[Bottleneck],
     comm: LatentComm,
     grouped: bool,
+    group: str = "",
 ) -> list[torch.Tensor]:
     """The B's of ``projs`` applied to their (activated) latents.
 
     Grouped: one ``enter_up`` for all latents (one backward all-reduce under BTP) and
     one batched GEMM per run of equally shaped B's.
     """
+    enter, leave = comm.scope(f"enter_up_{group}"), comm.scope(f"leave_up_{group}")
     if not grouped:
-        return [
-            comm.leave_up(F.linear(comm.enter_up(z), local(p.up.weight)))
-            for z, p in zip(latents, projs)
-        ]
-    z = comm.enter_up(torch.cat(latents, -1)) if len(latents) > 1 else comm.enter_up(latents[0])
+        outs = []
+        for z, p in zip(latents, projs):
+            with enter:
+                z = comm.enter_up(z)
+            y = F.linear(z, local(p.up.weight))
+            with leave:
+                outs.append(comm.leave_up(y))
+        return outs
+    with enter:
+        z = comm.enter_up(torch.cat(latents, -1) if len(latents) > 1 else latents[0])
     zs = z.split([local(p.up.weight).shape[1] for p in projs], -1)  # r, or r/T if split
     outs: list[torch.Tensor] = []
     i = 0
@@ -232,4 +258,5 @@ def up_group(
             yb = torch.bmm(zb, w.transpose(1, 2))
             outs.extend(y.view(*lead, -1) for y in yb.unbind(0))
         i = j
-    return [comm.leave_up(o) for o in outs]
+    with leave:
+        return [comm.leave_up(o) for o in outs]

@@ -161,18 +161,18 @@ class LowRankBlock(nn.Module):
         # reduced latents and the residual stream.
         # attention chunk: attention_norm + A_q|A_k|A_v ... B_q,B_k,B_v -> heads -> A_o
         parts, stats = self._entry(x)
-        z_qkv, stats = down_reduce(parts, stats, comm)
+        z_qkv, stats = down_reduce(parts, stats, comm, "qkv")
         parts, carry_qkv = self._attention(freqs_cis, positions, stats, prev[0:3], *z_qkv)
-        z_o, _ = down_reduce(parts, None, comm)
+        z_o, _ = down_reduce(parts, None, comm, "o")
         # MLP chunk: B_o -> residual -> ffn_norm + A_gate|A_up ... B_gate,B_up -> SwiGLU -> A_down
         h, parts, stats, carry_o = self._ffn_entry(x, prev[3:4], *z_o)
-        z_gu, stats = down_reduce(parts, stats, comm)
+        z_gu, stats = down_reduce(parts, stats, comm, "gate_up")
         parts, carry_gu = self._mlp(stats, prev[4:6], *z_gu)
-        z_d, _ = down_reduce(parts, None, comm)
+        z_d, _ = down_reduce(parts, None, comm, "down")
         # B_down -> residual stays outside: it would keep the d/T residual h instead
         # of the r-wide latent
         (z_d,), carry_d = self._latents([f.w2], z_d, None, None, prev[6:7])
-        (ffn_out,) = up_group([z_d], [f.w2], comm, self.grouped)
+        (ffn_out,) = up_group([z_d], [f.w2], comm, self.grouped, "down")
         out = h + ffn_out
 
         if self.lax:
@@ -184,34 +184,34 @@ class LowRankBlock(nn.Module):
     def _entry(self, x):
         a = self.attention
         return down_partial(
-            x, [a.wq, a.wk, a.wv], self.comm, self.grouped, self.attention_norm, self.dim
+            x, [a.wq, a.wk, a.wv], self.comm, self.grouped, self.attention_norm, self.dim, "qkv"
         )
 
     def _attention(self, freqs_cis, positions, stats, prevs, *z_qkv):
         a = self.attention
         qkv = [a.wq, a.wk, a.wv]
         z_qkv, carry = self._latents(qkv, list(z_qkv), stats, self.attention_norm, prevs)
-        q, k, v = up_group(z_qkv, qkv, self.comm, self.grouped)
+        q, k, v = up_group(z_qkv, qkv, self.comm, self.grouped, "qkv")
         o = a.attend(q, k, v, freqs_cis, positions)
-        parts, _ = down_partial(o, [a.wo], self.comm, self.grouped)
+        parts, _ = down_partial(o, [a.wo], self.comm, self.grouped, group="o")
         return parts, carry
 
     def _ffn_entry(self, x, prevs, *z_o):
         a, f = self.attention, self.feed_forward
         z_o, carry = self._latents([a.wo], list(z_o), None, None, prevs)
-        (attn_out,) = up_group(z_o, [a.wo], self.comm, self.grouped)
+        (attn_out,) = up_group(z_o, [a.wo], self.comm, self.grouped, "o")
         h = x + attn_out
         parts, stats = down_partial(
-            h, [f.w1, f.w3], self.comm, self.grouped, self.ffn_norm, self.dim
+            h, [f.w1, f.w3], self.comm, self.grouped, self.ffn_norm, self.dim, "gate_up"
         )
         return h, parts, stats, carry
 
     def _mlp(self, stats, prevs, *z_gu):
         f = self.feed_forward
         z_gu, carry = self._latents([f.w1, f.w3], list(z_gu), stats, self.ffn_norm, prevs)
-        gate, up = up_group(z_gu, [f.w1, f.w3], self.comm, self.grouped)
+        gate, up = up_group(z_gu, [f.w1, f.w3], self.comm, self.grouped, "gate_up")
         mid = (F.silu(gate) if self.swiglu else gate) * up
-        parts, _ = down_partial(mid, [f.w2], self.comm, self.grouped)
+        parts, _ = down_partial(mid, [f.w2], self.comm, self.grouped, group="down")
         return parts, carry
 
     def _latents(self, projs, reduced, stats, norm, prevs):
@@ -223,8 +223,13 @@ class LowRankBlock(nn.Module):
         if not self.lax:
             z = [p.activate(l, None) for p, l in zip(projs, latents)]
             return z, z
-        carry = [p.activate(self.comm.full_latent(l), h) for p, l, h in zip(projs, latents, prevs)]
-        return [self.comm.local_latent(z) for z in carry], carry
+        carry = []
+        for p, latent, prev in zip(projs, latents, prevs):
+            with self.comm.scope("lax_full_latent"):
+                latent = self.comm.full_latent(latent)
+            carry.append(p.activate(latent, prev))
+        with self.comm.scope("lax_local_latent"):
+            return [self.comm.local_latent(z) for z in carry], carry
 
     def projections(self) -> list[Bottleneck]:
         return [getattr(self.attention, n) for n in ATTN_PROJS] + [

@@ -78,3 +78,6 @@ def apply_tp_plan(
         apply_vanilla(model, tp_mesh, loss_parallel)
     else:  # resolve_tp_plan guards this
         raise AssertionError(plan)
+    for layer_id, block in model.layers.items():  # profiler names: btp/layer3/reduce_down_qkv
+        if hasattr(block, "comm"):
+            block.comm.label = f"{plan}/layer{layer_id}"
