@@ -464,8 +464,19 @@ def _sync(device_type: str) -> None:
 class StepProfiler:
     """Decides which steps are profiled, profiles them, turns them into scalars."""
 
-    def __init__(self, freq: int, device_type: str, interleaved: bool = False) -> None:
+    def __init__(
+        self, freq: int, device_type: str, interleaved: bool = False, profiling_config=None
+    ) -> None:
         self.freq = freq
+        self._titan_schedule = None
+        if profiling_config is not None and profiling_config.enable_profiling:
+            # torchtitan's [profiling] schedule (torchtitan/tools/profiling.py)
+            warmup, active = profiling_config.profiler_warmup, profiling_config.profiler_active
+            self._titan_schedule = torch.profiler.schedule(
+                wait=profiling_config.profile_freq - (warmup + active),
+                warmup=warmup,
+                active=active,
+            )
         self.device_type = device_type
         self.interleaved = interleaved  # pipeline schedules (see :func:`scalars`)
         self.flops_per_step = 0.0  # executed FLOPs of the latest profiled step, this rank
@@ -477,8 +488,12 @@ class StepProfiler:
         # runs of each op the profiler records as ops
         if not self.freq or not (step == FIRST_PROFILED_STEP or step % self.freq == 0):
             return False
-        # torchtitan's [profiling] profiler holds the kineto profiler on some steps:
-        # kineto allows one session at a time, so those steps are not sampled here.
+        # kineto allows one session at a time: steps on which torchtitan's [profiling]
+        # profiler warms up or records (its step counter is the step before) are not
+        # sampled here; nor is a step under any other running profiler.
+        if self._titan_schedule is not None:
+            if self._titan_schedule(step - 1) != torch.profiler.ProfilerAction.NONE:
+                return False
         return not torch.autograd.profiler._is_profiler_enabled
 
     @contextlib.contextmanager
@@ -518,3 +533,33 @@ class StepProfiler:
         with record_function(WINDOW):
             yield
             _sync(self.device_type)
+
+
+# ---------------------------------------------------------------- [profiling] traces
+TRACE_SUFFIX = ".pt.trace.json"  # what TensorBoard's PyTorch profiler plugin looks for
+
+
+@contextlib.contextmanager
+def maybe_enable_profiling(profiling_config, *, global_step=0, base_folder="", leaf_folder=""):
+    """torchtitan's ``[profiling]`` profiler, its traces written as
+    ``<save_traces_folder>/iteration_N/rank<r>.pt.trace.json``: the name
+    torch-tb-profiler finds under ``tensorboard --logdir <dump_folder>`` (one run per
+    iteration, one worker per rank); chrome://tracing and Perfetto open it too."""
+    import os
+
+    from torchtitan.tools import profiling
+
+    with profiling.maybe_enable_profiling(
+        profiling_config, global_step=global_step, base_folder=base_folder, leaf_folder=leaf_folder
+    ) as prof:
+        if prof is not None:
+            folder = os.path.join(base_folder, profiling_config.save_traces_folder)
+            rank = torch.distributed.get_rank()
+
+            def write_trace(p) -> None:
+                out = os.path.join(folder, f"iteration_{p.step_num}", leaf_folder)
+                os.makedirs(out, exist_ok=True)
+                p.export_chrome_trace(os.path.join(out, f"rank{rank}{TRACE_SUFFIX}"))
+
+            prof.on_trace_ready = write_trace
+        yield prof

@@ -14,6 +14,7 @@ cpu_runtime.activate()  # before torchtitan is imported: it fixes device_type at
 import os  # noqa: E402
 
 import torch  # noqa: E402
+import torchtitan.train  # noqa: E402
 from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
@@ -21,7 +22,15 @@ import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets
 from boost_titan import dashboard, fault  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
-from boost_titan.step_profile import SUMMARY_TAG, StepProfiler, console_line  # noqa: E402
+from boost_titan.step_profile import (  # noqa: E402
+    SUMMARY_TAG,
+    StepProfiler,
+    console_line,
+    maybe_enable_profiling,
+)
+
+# [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
+torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
 
 
 class BoostTrainer(Trainer):
@@ -57,7 +66,10 @@ class BoostTrainer(Trainer):
         from torchtitan.tools import utils
 
         self.step_profiler = StepProfiler(
-            boost.profile_freq, utils.device_type, interleaved=self.parallel_dims.pp_enabled
+            boost.profile_freq,
+            utils.device_type,
+            interleaved=self.parallel_dims.pp_enabled,
+            profiling_config=job_config.profiling,
         )
         if self.parallel_dims.pp_enabled:  # every PP rank logs the last stage's loss
             self.metrics_processor.share_pipeline_loss(

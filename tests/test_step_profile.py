@@ -238,3 +238,51 @@ def _scalar_values(path: str) -> dict[str, dict[int, float]]:
     acc = EventAccumulator(path, size_guidance={"scalars": 0})
     acc.Reload()
     return {t: {e.step: e.value for e in acc.Scalars(t)} for t in acc.Tags()["scalars"]}
+
+
+def test_sampling_skips_torchtitan_profiler_steps():
+    """kineto runs one session at a time: with [profiling] on, the steps its schedule
+    warms up or records on (step k runs at its counter k - 1) are not sampled."""
+    from types import SimpleNamespace
+
+    from boost_titan.step_profile import StepProfiler
+
+    titan = SimpleNamespace(
+        enable_profiling=True, profile_freq=3, profiler_warmup=1, profiler_active=1
+    )
+    sampled = [k for k in range(1, 13) if StepProfiler(2, "cpu", profiling_config=titan).wants(k)]
+    assert sampled == [4, 10]  # 2, 6, 8, 12 fall on torchtitan's warm-up/record steps
+    plain = [k for k in range(1, 13) if StepProfiler(2, "cpu").wants(k)]
+    assert plain == [2, 4, 6, 8, 10, 12]
+    assert not any(StepProfiler(0, "cpu").wants(k) for k in range(1, 13))
+
+
+@pytest.mark.slow
+def test_profiling_traces_for_tensorboard_plugin(corpus_dir, tmp_path):
+    """--profiling.enable_profiling: traces named as torch-tb-profiler finds them, with
+    every block's collective points labelled; the step profiler samples around them."""
+    run = run_training(
+        "debug_cola_btp_tp2.toml",
+        2,
+        tmp_path,
+        "--training.steps",
+        "4",
+        "--validation.no-enable",
+        "--profiling.enable_profiling",
+        "--profiling.profile_freq",
+        "3",
+        "--profiling.profiler_warmup",
+        "1",
+        "--profiling.profiler_active",
+        "1",
+        "--boost.profile_freq",
+        "2",
+    )
+    assert "profile step 4:" in run.output and "profile step 2:" not in run.output
+    traces = sorted(p.name for p in (tmp_path / "profile_trace" / "iteration_3").iterdir())
+    assert traces == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
+    trace = json.loads((tmp_path / "profile_trace" / "iteration_3" / traces[0]).read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    for layer in range(4):  # debugmodel: 4 blocks, each with its 4 reduce_down points
+        for group in ("qkv", "o", "gate_up", "down"):
+            assert f"btp/layer{layer}/reduce_down_{group}" in names
