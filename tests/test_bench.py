@@ -83,12 +83,14 @@ def _check_tensorboard_runs(tb, summary: dict) -> None:
 
     from boost_titan.bench.report import TB_TAGS
     from boost_titan.bench.stats import slug
-    from boost_titan.dashboard import layout
+    from boost_titan.dashboard import BENCH_CHARTS, layout
 
     charts = {
         cat: {title: chart[1] for title, chart in titles.items()}
-        for cat, titles in layout(validation=False).items()
+        for cat, titles in layout(validation=False, charts=BENCH_CHARTS).items()
     }
+    # the dashboard's benchmark charts name exactly the tags every run writes
+    assert {t for _, _, tags in BENCH_CHARTS for t in tags} == set(TB_TAGS)
 
     v = summary["variants"]
     runs = {p.name for p in tb.iterdir() if p.is_dir()}
@@ -98,7 +100,7 @@ def _check_tensorboard_runs(tb, summary: dict) -> None:
         acc = EventAccumulator(str(tb / slug(name)), size_guidance={"scalars": 0, "tensors": 0})
         acc.Reload()
         assert set(acc.Tags()["scalars"]) == set(TB_TAGS), name
-        [config] = acc.Tensors("custom_scalars__config__")  # the training dashboard's layout
+        [config] = acc.Tensors("custom_scalars__config__")  # the dashboard's layout
         proto = layout_pb2.Layout()
         proto.ParseFromString(config.tensor_proto.string_val[0])
         assert {

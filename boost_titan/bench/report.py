@@ -167,21 +167,22 @@ def tb_scalars(v: dict, tokens: int) -> dict[str, list[float]]:
 
 def tensorboard(summary: dict, out: Path) -> None:
     """``tb/<variant slug>/``: one run per variant, the same tags in each (TensorBoard
-    overlays the runs in one chart per tag) and the training dashboard's custom-scalars
-    layout; ``tb/ratios/``: the plan ratios (and compile step times) at step 0 and
-    results.md as text."""
+    overlays the runs in one chart per tag) and the dashboard's custom-scalars layout
+    of these tags (``dashboard.BENCH_CHARTS``, charted as training runs are);
+    ``tb/ratios/``: the plan ratios (and compile step times) at step 0 and results.md
+    as text."""
     import shutil
 
     from torch.utils.tensorboard import SummaryWriter
 
-    from boost_titan.dashboard import layout
+    from boost_titan.dashboard import BENCH_CHARTS, layout
 
     shutil.rmtree(out / "tb", ignore_errors=True)  # a rerun's events replace, not add
     s = summary["shape"]
     tokens = s["batch"] * s["seq"]
     for n, v in summary["variants"].items():
         w = SummaryWriter(str(out / "tb" / slug(n)))
-        w.add_custom_scalars(layout(validation=False))
+        w.add_custom_scalars(layout(validation=False, charts=BENCH_CHARTS))
         for tag, values in tb_scalars(v, tokens).items():
             for step, val in enumerate(values):
                 w.add_scalar(tag, val, step)
