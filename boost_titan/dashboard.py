@@ -51,6 +51,7 @@ CHARTS: list[tuple[str, str, list[str]]] = [
             "tp/compute_backward_ms",
         ],
     ),
+    ("step time", "profiler cost per profiled step (ms)", ["time/profiler_overhead_ms"]),
     ("memory", "max memory (GiB)", ["memory/max_reserved(GiB)", "memory/max_active(GiB)"]),
     ("memory", "max memory (%)", ["memory/max_reserved(%)", "memory/max_active(%)"]),
     ("optimizer", "grad norm", ["grad_norm"]),

@@ -22,6 +22,7 @@ tp/bytes_MiB                  TP volume of the forward/backward, all-reduce-equi
 tp/collectives                TP collectives issued by the forward/backward
 comm/other_ms                 every other collective of the step (FSDP, PP send/recv, grad norm)
 comm/exposed_ms               collective time not overlapped by compute
+time/profiler_overhead_ms     what profiling added after the step: kineto's stop, the analysis
 hfu(%)                        hardware FLOPs utilisation (every logged step, beside mfu(%))
 ============================  =================================================================
 
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -78,7 +80,9 @@ TAGS = (
     "tp/collectives",
     "comm/other_ms",
     "comm/exposed_ms",
+    "time/profiler_overhead_ms",
 )
+OVERHEAD_TAG = "time/profiler_overhead_ms"  # the profiler's stop and this module's analysis
 HFU_TAG = "hfu(%)"
 SUMMARY_TAG = "profile/summary"  # TensorBoard TEXT: :func:`summary` of each profiled step
 
@@ -515,11 +519,13 @@ class StepProfiler:
                     _sync(self.device_type)
             finally:
                 self._active = False
+                stop = time.perf_counter()
         raw = from_kineto(prof)
         events = collect(raw, device)
         self.flops_per_step = events.flops
         self.last_summary = summary(raw)
         result.update(scalars(events, device, self.interleaved))
+        result[OVERHEAD_TAG] = (time.perf_counter() - stop) * 1e3
 
     @contextlib.contextmanager
     def forward_backward(self):

@@ -45,6 +45,7 @@ EXPECTED = {
             "tp/comm_backward_ms",
             "tp/compute_backward_ms",
         ],
+        "profiler cost per profiled step (ms)": ["time/profiler_overhead_ms"],
     },
     "memory": {
         "max memory (GiB)": ["memory/max_reserved(GiB)", "memory/max_active(GiB)"],
