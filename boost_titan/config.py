@@ -98,7 +98,7 @@ class Boost:
     """Profile step 2 and every profile_freq-th step (``boost_titan.step_profile``):
     forward/backward/optimizer time, tensor-parallel collective time, bytes and count,
     other and exposed communication, written to TensorBoard (time/, tp/, comm/) and the
-    console, and the executed FLOPs behind hfu(%). 0 disables."""
+    console, and the executed FLOPs behind the HFU. 0 disables."""
 
 
 @dataclass

@@ -13,7 +13,8 @@ The layout is built from ``CHARTS``, one list of the exact tags torchtitan 0.2.2
 ``tests/test_dashboard.py`` checks every one of them against a real run's event file,
 so the layout cannot reference a tag that is not written. TensorBoard reads a chart's
 tags as regular expressions matched at the start of a tag: each is escaped and
-anchored (``throughput(tps)`` would otherwise match nothing, ``memory/...`` too much).
+anchored (``tflops`` would otherwise also match ``tflops_x``). Tags with parentheses
+are charted under paren-free aliases (``ALIASES``): TensorBoard draws no line for them.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ CHARTS: list[tuple[str, str, list[str]]] = [
         "loss (train avg/max, validation)",
         ["loss_metrics/global_avg_loss", "loss_metrics/global_max_loss", "validation_metrics/loss"],
     ),
-    ("throughput", "tokens/s", ["throughput(tps)"]),
-    ("throughput", "MFU and HFU (%)", ["mfu(%)", "hfu(%)"]),
+    ("throughput", "tokens/s", ["throughput/tokens_per_s"]),
+    ("throughput", "MFU and HFU (%)", ["throughput/mfu_pct", "throughput/hfu_pct"]),
     ("throughput", "TFLOPs", ["tflops"]),
-    ("communication", "TP comm share of the step (%)", ["tp/comm_share(%)"]),
+    ("communication", "TP comm share of the step (%)", ["tp/comm_share_pct"]),
     ("communication", "TP volume per step (MiB, all-reduce-equivalent)", ["tp/bytes_MiB"]),
     ("communication", "TP collectives per step", ["tp/collectives"]),
     ("communication", "other and exposed comm (ms)", ["comm/other_ms", "comm/exposed_ms"]),
@@ -52,8 +53,8 @@ CHARTS: list[tuple[str, str, list[str]]] = [
         ],
     ),
     ("step time", "profiler cost per profiled step (ms)", ["time/profiler_overhead_ms"]),
-    ("memory", "max memory (GiB)", ["memory/max_reserved(GiB)", "memory/max_active(GiB)"]),
-    ("memory", "max memory (%)", ["memory/max_reserved(%)", "memory/max_active(%)"]),
+    ("memory", "max memory (GiB)", ["memory/max_reserved_GiB", "memory/max_active_GiB"]),
+    ("memory", "max memory (%)", ["memory/max_reserved_pct", "memory/max_active_pct"]),
     ("optimizer", "grad norm", ["grad_norm"]),
     ("optimizer", "learning rate", ["lr"]),
 ]
@@ -62,8 +63,8 @@ CHARTS: list[tuple[str, str, list[str]]] = [
 # dir, so TensorBoard overlays the plans in each chart).
 BENCH_CHARTS: list[tuple[str, str, list[str]]] = [
     ("loss", "loss", ["loss_metrics/global_avg_loss"]),
-    ("throughput", "tokens/s", ["throughput(tps)"]),
-    ("communication", "TP comm share of the step (%)", ["tp/comm_share(%)"]),
+    ("throughput", "tokens/s", ["throughput/tokens_per_s"]),
+    ("communication", "TP comm share of the step (%)", ["tp/comm_share_pct"]),
     ("communication", "TP volume per step (MiB, all-reduce-equivalent)", ["tp/bytes_MiB"]),
     ("communication", "TP collectives per step", ["tp/collectives"]),
     ("step time", "step (ms)", ["time/step_ms"]),
@@ -71,6 +72,38 @@ BENCH_CHARTS: list[tuple[str, str, list[str]]] = [
 ]
 
 VALIDATION_PREFIX = "validation_metrics/"
+
+# TensorBoard 2.21's CUSTOM SCALARS page draws no line for a tag with parentheses: the
+# chart scales to the data and lists the match, but stays empty (seen in headless
+# Chromium with `python -m boost_titan.tools.screenshot`, on a run written here). The
+# dashboard's own tags have none; torchtitan's are written a second time under these
+# names (``aliased``), which the layout charts. The SCALARS page keeps the originals.
+ALIASES = {
+    "throughput(tps)": "throughput/tokens_per_s",
+    "mfu(%)": "throughput/mfu_pct",
+    "memory/max_reserved(GiB)": "memory/max_reserved_GiB",
+    "memory/max_active(GiB)": "memory/max_active_GiB",
+    "memory/max_reserved(%)": "memory/max_reserved_pct",
+    "memory/max_active(%)": "memory/max_active_pct",
+}
+
+
+def aliased(metrics: dict) -> dict:
+    """``metrics`` plus the dashboard's paren-free names of torchtitan's tags."""
+    return {**metrics, **{ALIASES[k]: v for k, v in metrics.items() if k in ALIASES}}
+
+
+class AliasingLogger:
+    """torchtitan's metric logger, every ``log`` written with :func:`aliased` names."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def log(self, metrics: dict, step: int) -> None:
+        self._inner.log(aliased(metrics), step)
 
 
 def tag_regex(tag: str) -> str:
@@ -108,6 +141,7 @@ def write_layout(metric_logger, job_config) -> int:
     """
     from torchtitan.components.metrics import TensorBoardLogger
 
+    metric_logger = getattr(metric_logger, "_inner", metric_logger)  # AliasingLogger
     loggers = getattr(metric_logger, "_loggers", [metric_logger])
     written = 0
     for tb in loggers:
@@ -125,6 +159,7 @@ def write_text(metric_logger, tag: str, markdown: str, step: int) -> None:
     """A markdown text (TensorBoard's TEXT page) through every TensorBoardLogger."""
     from torchtitan.components.metrics import TensorBoardLogger
 
+    metric_logger = getattr(metric_logger, "_inner", metric_logger)  # AliasingLogger
     for tb in getattr(metric_logger, "_loggers", [metric_logger]):
         if isinstance(tb, TensorBoardLogger):
             tb.writer.add_text(tag if tb.tag is None else f"{tb.tag}/{tag}", markdown, step)

@@ -9,10 +9,11 @@ one per validation), the other ranks contributing zeros, so the result is the la
 stage's value exactly. The gradient norm needs nothing: ``clip_grad_norm_`` already
 reduces it over the PP mesh.
 
-It adds ``hfu(%)`` beside torchtitan's ``mfu(%)`` once the trainer has counted the
-executed FLOPs (``boost_titan.step_profile``), and writes the BOOST dashboard
-(``boost_titan.dashboard``) into the run's TensorBoard event file, once, on the rank(s)
-that write TensorBoard.
+It adds the HFU (``throughput/hfu_pct``) beside torchtitan's ``mfu(%)`` once the
+trainer has counted the executed FLOPs (``boost_titan.step_profile``), writes the BOOST
+dashboard (``boost_titan.dashboard``) into the run's TensorBoard event file, once, on
+the rank(s) that write TensorBoard, and writes every scalar whose tag has parentheses a
+second time under the dashboard's paren-free alias (``dashboard.AliasingLogger``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class BoostMetricsProcessor(MetricsProcessor):
         super().__init__(job_config, parallel_dims, tag)
         from boost_titan import dashboard
 
+        self.logger = dashboard.AliasingLogger(self.logger)
         dashboard.write_layout(self.logger, job_config)
 
     def share_pipeline_loss(self, pp_mesh: DeviceMesh, has_last_stage: bool) -> None:

@@ -17,13 +17,13 @@ time/optimizer_ms             after the last backward: grad clipping, optimizer,
 tp/comm_forward_ms            time in tensor-parallel collectives during forward
 tp/comm_backward_ms           ... during backward
 tp/compute_forward_ms         forward minus its TP collectives (same for backward)
-tp/comm_share(%)              TP collective time / step time
+tp/comm_share_pct            TP collective time / step time, %
 tp/bytes_MiB                  TP volume of the forward/backward, all-reduce-equivalent
 tp/collectives                TP collectives issued by the forward/backward
 comm/other_ms                 every other collective of the step (FSDP, PP send/recv, grad norm)
 comm/exposed_ms               collective time not overlapped by compute
 time/profiler_overhead_ms     what profiling added after the step: kineto's stop, the analysis
-hfu(%)                        hardware FLOPs utilisation (every logged step, beside mfu(%))
+throughput/hfu_pct            hardware FLOPs utilisation, % (every logged step, beside MFU)
 ============================  =================================================================
 
 "TP collectives" are the functional collectives (``_c10d_functional::*``, which DTensor
@@ -42,7 +42,7 @@ attention's backward recomputation of the scores count here. The profiled step's
 matmuls are counted by the profiler at the shapes they ran with (``with_flops``: local
 shards, compiled graphs' extern matmuls included) and its attention kernels by
 ``torch.utils.flop_counter``'s formulas (:func:`executed_flops`). Every logged step then
-writes ``hfu(%)``: MFU's formula (same tokens, same time window) on the executed FLOPs
+writes the HFU: MFU's formula (same tokens, same time window) on the executed FLOPs
 per token of the latest profiled step.
 """
 
@@ -75,7 +75,7 @@ TAGS = (
     "tp/comm_backward_ms",
     "tp/compute_forward_ms",
     "tp/compute_backward_ms",
-    "tp/comm_share(%)",
+    "tp/comm_share_pct",
     "tp/bytes_MiB",
     "tp/collectives",
     "comm/other_ms",
@@ -83,7 +83,7 @@ TAGS = (
     "time/profiler_overhead_ms",
 )
 OVERHEAD_TAG = "time/profiler_overhead_ms"  # the profiler's stop and this module's analysis
-HFU_TAG = "hfu(%)"
+HFU_TAG = "throughput/hfu_pct"
 SUMMARY_TAG = "profile/summary"  # TensorBoard TEXT: :func:`summary` of each profiled step
 
 
@@ -331,7 +331,7 @@ def scalars(ev: StepEvents, device: bool, interleaved: bool = False) -> dict[str
         "tp/comm_backward_ms": tp_b,
         "tp/compute_forward_ms": forward - tp_f,
         "tp/compute_backward_ms": backward - tp_b,
-        "tp/comm_share(%)": 100 * (tp_f + tp_b) / step if step else 0.0,
+        "tp/comm_share_pct": 100 * (tp_f + tp_b) / step if step else 0.0,
         "tp/bytes_MiB": ev.tp_volume / MIB,
         "tp/collectives": float(ev.tp_count),
         "comm/other_ms": length(ev.other) * ms,
@@ -345,7 +345,7 @@ def console_line(step: int, s: dict[str, float]) -> str:
         f"(TP comm {s['tp/comm_forward_ms']:.0f}) + backward {s['time/backward_ms']:.0f} "
         f"(TP comm {s['tp/comm_backward_ms']:.0f}) + optimizer {s['time/optimizer_ms']:.0f}; "
         f"TP {s['tp/collectives']:.0f} collectives, {s['tp/bytes_MiB']:.1f} MiB "
-        f"(all-reduce-equivalent), {s['tp/comm_share(%)']:.1f}% of the step; other comm "
+        f"(all-reduce-equivalent), {s['tp/comm_share_pct']:.1f}% of the step; other comm "
         f"{s['comm/other_ms']:.0f} ms; exposed comm {s['comm/exposed_ms']:.0f} ms"
     )
 

@@ -45,7 +45,7 @@ class BoostTrainer(Trainer):
     * ``[boost] profile_freq``: step 2 and every k-th step run under torch.profiler
       and write where their time went (``boost_titan.step_profile``): time/, tp/ and
       comm/ scalars and a text summary (collectives per block, top ops) in
-      TensorBoard, one console line, and hfu(%) beside mfu(%);
+      TensorBoard, one console line, and HFU beside MFU;
     * faults (``boost_titan.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
       the run cleanly, cut-off checkpoints are set aside before resuming, and

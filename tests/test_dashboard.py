@@ -22,12 +22,12 @@ EXPECTED = {
         ]
     },
     "throughput": {
-        "tokens/s": ["throughput(tps)"],
-        "MFU and HFU (%)": ["mfu(%)", "hfu(%)"],
+        "tokens/s": ["throughput/tokens_per_s"],
+        "MFU and HFU (%)": ["throughput/mfu_pct", "throughput/hfu_pct"],
         "TFLOPs": ["tflops"],
     },
     "communication": {
-        "TP comm share of the step (%)": ["tp/comm_share(%)"],
+        "TP comm share of the step (%)": ["tp/comm_share_pct"],
         "TP volume per step (MiB, all-reduce-equivalent)": ["tp/bytes_MiB"],
         "TP collectives per step": ["tp/collectives"],
         "other and exposed comm (ms)": ["comm/other_ms", "comm/exposed_ms"],
@@ -48,8 +48,8 @@ EXPECTED = {
         "profiler cost per profiled step (ms)": ["time/profiler_overhead_ms"],
     },
     "memory": {
-        "max memory (GiB)": ["memory/max_reserved(GiB)", "memory/max_active(GiB)"],
-        "max memory (%)": ["memory/max_reserved(%)", "memory/max_active(%)"],
+        "max memory (GiB)": ["memory/max_reserved_GiB", "memory/max_active_GiB"],
+        "max memory (%)": ["memory/max_reserved_pct", "memory/max_active_pct"],
     },
     "optimizer": {"grad norm": ["grad_norm"], "learning rate": ["lr"]},
 }
@@ -103,12 +103,12 @@ def tb_run(corpus_dir, tmp_path_factory):
     )
     files = run.tb_event_files()
     assert len(files) == 1, files
-    return read_event_file(files[0])
+    return (*read_event_file(files[0]), files[0])
 
 
 @pytest.mark.slow
 def test_run_writes_dashboard_once(tb_run):
-    scalars, layouts = tb_run
+    scalars, layouts, path = tb_run
     assert len(layouts) == 1, f"{len(layouts)} custom-scalars layouts in the event file"
     charts = layout_as_dict(layouts[0])
     # grouping as designed, each pattern selecting one tag by its exact name
@@ -131,6 +131,15 @@ def test_run_writes_dashboard_once(tb_run):
                 assert scalars[tag] == [3], tag
             else:
                 assert scalars[tag] == [1, 2, 3], tag
+    # the paren-free aliases carry torchtitan's values exactly
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(path, size_guidance={"scalars": 0})
+    acc.Reload()
+    for original, alias in dashboard.ALIASES.items():
+        assert [(e.step, e.value) for e in acc.Scalars(alias)] == [
+            (e.step, e.value) for e in acc.Scalars(original)
+        ], alias
 
 
 def test_missing_tag_is_caught():
@@ -162,4 +171,6 @@ def test_layout_without_validation_and_with_prefix():
     # profiling off ([boost] profile_freq = 0): its charts go, MFU stays alone
     unprofiled = dashboard.layout(profiled=False)
     assert "communication" not in unprofiled and "step time" not in unprofiled
-    assert unprofiled["throughput"]["MFU and HFU (%)"][1] == [dashboard.tag_regex("mfu(%)")]
+    assert unprofiled["throughput"]["MFU and HFU (%)"][1] == [
+        dashboard.tag_regex("throughput/mfu_pct")
+    ]

@@ -99,7 +99,7 @@ def test_scalars_from_host_events_closed_form():
         "tp/comm_backward_ms": 0.04,
         "tp/compute_forward_ms": 0.32,
         "tp/compute_backward_ms": 0.26,
-        "tp/comm_share(%)": 12.0,
+        "tp/comm_share_pct": 12.0,
         # all-reduce-equivalent: the all-reduce's 128 B, half the all-gather's 128 B
         "tp/bytes_MiB": (128 + 64) / MIB,
         "tp/collectives": 2.0,
@@ -212,8 +212,8 @@ def test_tp2_run_profiles_what_commcounter_counts(corpus_dir, tmp_path):
     seq = 256
     attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq
     ratio = (args.flops_per_token(seq) + attention / 6) / args.flops_per_token(seq)
-    assert values["hfu(%)"][3] / values["mfu(%)"][3] == pytest.approx(ratio, rel=1e-3)
-    assert sorted(values["hfu(%)"]) == [3]
+    assert values["throughput/hfu_pct"][3] / values["mfu(%)"][3] == pytest.approx(ratio, rel=1e-3)
+    assert sorted(values["throughput/hfu_pct"]) == [3]
 
 
 @pytest.mark.slow
