@@ -114,10 +114,10 @@ def _check_tensorboard_runs(tb, summary: dict) -> None:
         values = {tag: [e.value for e in events] for tag, events in series.items()}
         approx = lambda x: pytest.approx(x, rel=1e-5)  # noqa: E731  (float32 events)
         assert values["time/step_ms"] == approx([1e3 * t for t in r["step_times_s"]])
-        assert values["throughput(tps)"] == approx([tokens / t for t in r["step_times_s"]])
+        assert values["throughput/tokens_per_s"] == approx([tokens / t for t in r["step_times_s"]])
         assert tokens / statistics.median(r["step_times_s"]) == approx(r["tokens_per_s"])
         assert values["loss_metrics/global_avg_loss"] == approx(r["step_losses"])
-        assert values["tp/comm_share(%)"] == approx([100 * r["comm_share"]] * n)
+        assert values["tp/comm_share_pct"] == approx([100 * r["comm_share"]] * n)
         assert values["tp/bytes_MiB"] == approx([r["volume_per_step"] / 2**20] * n)
         assert values["tp/collectives"] == [r["collectives_per_step"]] * n
         assert values["memory/peak_step_MiB"] == approx([r["peak_step_mem_mib"]] * n)

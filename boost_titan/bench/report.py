@@ -23,9 +23,9 @@ VOLUME_NOTE = (
 # tag -> the variant's figure in results.json it equals (the per-step ones: the step's).
 TB_TAGS = {
     "time/step_ms": "step_times_s",  # x 1e3, per step
-    "throughput(tps)": "tokens_per_s",  # tokens / step time, per step
+    "throughput/tokens_per_s": "tokens_per_s",  # tokens / step time, per step
     "loss_metrics/global_avg_loss": "step_losses",  # per step
-    "tp/comm_share(%)": "comm_share",  # x 100, the instrumented steps' share
+    "tp/comm_share_pct": "comm_share",  # x 100, the instrumented steps' share
     "tp/bytes_MiB": "volume_per_step",  # all-reduce-equivalent, / 2**20
     "tp/collectives": "collectives_per_step",
     "memory/peak_step_MiB": "peak_step_mem_mib",
@@ -154,8 +154,8 @@ def tb_scalars(v: dict, tokens: int) -> dict[str, list[float]]:
     n = len(steps)
     series = {
         "time/step_ms": [1e3 * t for t in steps],
-        "throughput(tps)": [tokens / t for t in steps],
-        "tp/comm_share(%)": [100 * v["comm_share"]] * n,
+        "throughput/tokens_per_s": [tokens / t for t in steps],
+        "tp/comm_share_pct": [100 * v["comm_share"]] * n,
         "tp/bytes_MiB": [v["volume_per_step"] / 2**20] * n,
         "tp/collectives": [float(v["collectives_per_step"])] * n,
         "memory/peak_step_MiB": [v["peak_step_mem_mib"]] * n,
