@@ -12,14 +12,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch.distributed as dist
-
 from boost_titan.bench.variants import sync, train_step
 from boost_titan.comm_stats import (
     COLLECTIVES,
     CollectiveHook,
     CommCounter,
     allreduce_equivalent,
+    profiled_bytes,
     profiler_op,
 )
 
@@ -61,9 +60,6 @@ def measure_comm(built, compiled: bool, comm_steps: int, tokens, labels, device)
     return res
 
 
-_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
-
-
 def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement:
     """Collectives of a compiled variant, counted and timed under torch.profiler:
     torch.compile refuses the dispatch mode (comm_stats.CollectiveHook) that
@@ -73,7 +69,6 @@ def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement
     from torch.profiler import ProfilerActivity, profile
 
     model, opt, _, loss_fn = built
-    world = dist.get_world_size()
     res = CommMeasurement()
     for i in range(max(comm_steps, 1)):  # the first profiled step also counts
         sync(device)
@@ -91,7 +86,10 @@ def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement
         if i == 0:
             res.collectives_per_step = len(collectives)
             for e in collectives:
-                op, nbytes = profiler_op(e.name), _collective_bytes(e, world)
+                op, nbytes = (
+                    profiler_op(e.name),
+                    profiled_bytes(e.name, e.input_shapes, e.input_dtypes, e.concrete_inputs),
+                )
                 res.bytes_per_step += nbytes
                 res.volume_per_step += volume(op, nbytes)
                 _add(res.by_op, op, nbytes)
@@ -113,16 +111,3 @@ def _add(by_op: dict, op: str, nbytes: int) -> None:
     row = by_op.setdefault(op, {"count": 0, "bytes": 0})
     row["count"] += 1
     row["bytes"] += nbytes
-
-
-def _collective_bytes(event, world: int) -> int:
-    """Payload of one profiled functional collective on this rank."""
-    import math
-
-    dtype = event.input_dtypes[0]
-    if dtype not in _DTYPE_BYTES:
-        raise ValueError(
-            f"collective {event.name} on dtype {dtype!r}: add its size to _DTYPE_BYTES"
-        )
-    nbytes = math.prod(event.input_shapes[0]) * _DTYPE_BYTES[dtype]
-    return nbytes * world if "all_gather" in event.name else nbytes
