@@ -42,8 +42,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 
 
 def allreduce_equivalent(op: str, nbytes: float) -> float:
-    """``nbytes`` of payload of collective ``op`` in all-reduce-equivalent bytes."""
-    return nbytes / 2 if op in ("all_gather", "reduce_scatter") else nbytes
+    """``nbytes`` of payload of collective ``op`` in all-reduce-equivalent bytes. ``op``
+    in any spelling: 'all_gather', 'all_gather_into_tensor', 'reduce_scatter_tensor'..."""
+    return nbytes / 2 if op.startswith(("all_gather", "reduce_scatter")) else nbytes
 
 
 @dataclass(frozen=True)

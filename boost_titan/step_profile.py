@@ -278,8 +278,7 @@ def collect(events: list[Event], device: bool) -> StepEvents:
             nbytes = profiled_bytes(e.name, e.shapes, e.dtypes, e.concrete)
             out.tp_count += 1
             out.tp_bytes += nbytes
-            base = next(c for c in COLLECTIVES if op.startswith(c))
-            out.tp_volume += allreduce_equivalent(base, nbytes)
+            out.tp_volume += allreduce_equivalent(op, nbytes)
         if not device:
             phase = "backward" if in_bwd else "forward"
             (out.tp[phase] if kind(e) == "tp" else out.other).append((e.start, e.end))
@@ -398,11 +397,10 @@ def summary(events: list[Event], top: int = 12) -> str:
         row = rows.setdefault(key, [0, 0.0, 0.0, set()])
         row[2] += e.end - e.start  # collectives and their waits
         if op.startswith(COLLECTIVES):
-            base = next(c for c in COLLECTIVES if op.startswith(c))
             nbytes = profiled_bytes(e.name, e.shapes, e.dtypes, e.concrete)
             row[0] += 1
-            row[1] += allreduce_equivalent(base, nbytes)
-            row[3].add(base)
+            row[1] += allreduce_equivalent(op, nbytes)
+            row[3].add(next(c for c in COLLECTIVES if op.startswith(c)))
     lines = [
         "TP collectives of the forward/backward by block and collective point (MiB "
         "all-reduce-equivalent; ms: the calling thread's time in them and their waits):",

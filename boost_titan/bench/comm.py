@@ -46,7 +46,7 @@ def measure_comm(built, compiled: bool, comm_steps: int, tokens, labels, device)
         train_step(model, opt, tokens, labels, loss_fn)
     res.collectives_per_step, res.bytes_per_step = counter.total()
     for r in counter.records:
-        res.volume_per_step += volume(r.op, r.nbytes)
+        res.volume_per_step += r.volume
         _add(res.by_op, r.op, r.nbytes)
     for _ in range(comm_steps):
         sync(device)
@@ -91,20 +91,12 @@ def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement
                     profiled_bytes(e.name, e.input_shapes, e.input_dtypes, e.concrete_inputs),
                 )
                 res.bytes_per_step += nbytes
-                res.volume_per_step += volume(op, nbytes)
+                res.volume_per_step += allreduce_equivalent(op, nbytes)
                 _add(res.by_op, op, nbytes)
         if i < comm_steps:
             res.step_times.append(step_s)
             res.comm_times.append(sum(e.cpu_time_total for e in events) / 1e6)
     return res
-
-
-def volume(op: str, nbytes: float) -> float:
-    """All-reduce-equivalent bytes of one counted collective: ``comm_stats``' rule
-    (:func:`allreduce_equivalent`) applied to its base collective, so the functional
-    spellings count as theirs ('all_gather_into_tensor' is an all-gather)."""
-    base = next((c for c in COLLECTIVES if op.startswith(c)), op)
-    return allreduce_equivalent(base, nbytes)
 
 
 def _add(by_op: dict, op: str, nbytes: int) -> None:
