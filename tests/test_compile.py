@@ -53,7 +53,13 @@ def _assert_profiles(row: dict) -> None:
     for prof in (eager, compiled):
         assert prof["tp/collectives"] == eager["counted_collectives"] > 0, (row, prof)
         assert prof["tp/bytes_MiB"] == pytest.approx(eager["counted_volume_MiB"], rel=1e-9)
-    assert compiled["flops"] == pytest.approx(eager["flops"], rel=1e-9) and eager["flops"] > 0
+    if row["latent_checkpoint"] == "none" and row["ac"] == "none":
+        assert compiled["flops"] == pytest.approx(eager["flops"], rel=1e-9) > 0
+    else:
+        # Recomputation differs: eager checkpointing re-runs a whole chunk, while the
+        # compiled graph's partitioner drops recomputed ops whose outputs backward does
+        # not need (checkpoint(silu(x @ w1) @ w2): eager 8 matmuls fwd+bwd, compiled 7)
+        assert 0 < compiled["flops"] <= eager["flops"]
     for prof in (eager, compiled):  # phases add up; collectives fit in their phase
         assert prof["time/forward_ms"] + prof["time/backward_ms"] <= prof["time/step_ms"]
         assert 0 < prof["tp/comm_forward_ms"] < prof["time/forward_ms"]
