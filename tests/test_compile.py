@@ -54,7 +54,8 @@ def _assert_profiles(row: dict) -> None:
         assert prof["tp/collectives"] == eager["counted_collectives"] > 0, (row, prof)
         assert prof["tp/bytes_MiB"] == pytest.approx(eager["counted_volume_MiB"], rel=1e-9)
     if row["latent_checkpoint"] == "none" and row["ac"] == "none":
-        assert compiled["flops"] == pytest.approx(eager["flops"], rel=1e-9) > 0
+        assert eager["flops"] > 0
+        assert compiled["flops"] == pytest.approx(eager["flops"], rel=1e-9)
     else:
         # Recomputation differs: eager checkpointing re-runs a whole chunk, while the
         # compiled graph's partitioner drops recomputed ops whose outputs backward does
