@@ -208,10 +208,10 @@ def test_fsdp2_trains_and_profiles(corpus_dir, tmp_path):
     assert abs(run.losses(0)[0] - math.log(8192)) < 1.0
 
     trace_dir = tmp_path / "profile_trace"
-    traces = sorted(glob.glob(str(trace_dir / "iteration_*" / "rank*_trace.json")))
+    traces = sorted(glob.glob(str(trace_dir / "iteration_*" / "rank*.pt.trace.json")))
     rel = {os.path.relpath(t, trace_dir) for t in traces}
-    assert {"iteration_2/rank0_trace.json", "iteration_2/rank1_trace.json"} <= rel, rel
-    with open(trace_dir / "iteration_2" / "rank0_trace.json") as f:
+    assert {"iteration_2/rank0.pt.trace.json", "iteration_2/rank1.pt.trace.json"} <= rel, rel
+    with open(trace_dir / "iteration_2" / "rank0.pt.trace.json") as f:
         trace = json.load(f)
     names = {ev.get("name", "") for ev in trace["traceEvents"]}
     assert "aten::mm" in names or "aten::addmm" in names
