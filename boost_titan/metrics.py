@@ -31,7 +31,7 @@ from boost_titan.step_profile import HFU_TAG
 class BoostMetricsProcessor(MetricsProcessor):
     _pp_mesh: DeviceMesh | None = None
     _has_last_stage = True
-    executed_flops_per_token: float | None = None  # set by the trainer's profiled step 1
+    executed_flops_per_token: float | None = None  # set by the trainer's profiled steps
 
     def __init__(self, job_config, parallel_dims, tag=None):
         super().__init__(job_config, parallel_dims, tag)

@@ -133,8 +133,13 @@ class LatentComm:
 
     def scope(self, point: str):
         """A profiler range around a collective point; nothing when unlabelled (one
-        device) or compiling (Dynamo drops profiler ranges, with a warning)."""
-        if not self.label or torch.compiler.is_compiling():
+        device), compiling (Dynamo drops profiler ranges, with a warning) or when no
+        profiler runs (a range costs a dispatcher call even then: not on every step)."""
+        if (
+            not self.label
+            or torch.compiler.is_compiling()
+            or not torch.autograd.profiler._is_profiler_enabled
+        ):
             return contextlib.nullcontext()
         return torch.profiler.record_function(f"{self.label}/{point}")
 
