@@ -12,6 +12,7 @@ from boost_titan import cpu_runtime
 cpu_runtime.activate()  # before torchtitan is imported: it fixes device_type at import
 
 import os  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 import torchtitan.train  # noqa: E402
@@ -31,6 +32,17 @@ from boost_titan.step_profile import (  # noqa: E402
 
 # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
 torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
+
+
+class _NoSleep:
+    """``time`` as torchtitan.train sees it during training: its only sleep is the
+    one after the last step (see :meth:`BoostTrainer.train`)."""
+
+    perf_counter = staticmethod(time.perf_counter)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
 
 
 class BoostTrainer(Trainer):
@@ -83,7 +95,16 @@ class BoostTrainer(Trainer):
                     f"checkpoint {old} is incomplete (no .metadata: its save was cut off) and "
                     f"will not be loaded; moved to {new}"
                 )
-        return super().train()
+        # torchtitan's Trainer.train ends with rank 0 sleeping 2 s "for other ranks to
+        # complete" (rank 0 hosts the store the others still use to shut down): a
+        # barrier waits exactly as long as that takes
+        torchtitan.train.time = _NoSleep
+        try:
+            super().train()
+        finally:
+            torchtitan.train.time = time
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
 
     def train_step(self, data_iterator):
         if self.step_profiler.wants(self.step):

@@ -29,7 +29,9 @@ STEPS = 3
 PROFILED_STEP, COUNTED_STEP = 1, 2  # 0-based
 
 
-def _job_config(plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac: str = "none"):
+def _job_config(
+    plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac: str, backend: str
+):
     from boost_titan.train import parse_config
 
     argv = [
@@ -47,7 +49,7 @@ def _job_config(plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac
         str(TP),
     ]
     if compiled:
-        argv.append("--compile.enable")
+        argv += ["--compile.enable", "--compile.backend", backend]
     return parse_config(argv)
 
 
@@ -72,14 +74,17 @@ def _optimizer(name: str, model, args):
     )
 
 
-def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, optimizer, compiled, batches):
+def _run(parallel_dims, args, case: dict, compiled: bool, batches):
     from torchtitan.distributed import utils as dist_utils
 
     from boost_titan.models.model import Transformer
     from boost_titan.parallelize import parallelize_boost
     from boost_titan.pipeline import build_loss_fn
 
-    job_config = _job_config(plan, latent_checkpoint, keep, compiled, ac)
+    plan, latent_checkpoint, keep, ac = (
+        case[k] for k in ("plan", "latent_checkpoint", "keep", "ac")
+    )
+    job_config = _job_config(plan, latent_checkpoint, keep, compiled, ac, case["backend"])
     torch.manual_seed(0)  # same weights on every rank and in both runs
     model = Transformer(args)
     with torch.no_grad():
@@ -87,7 +92,7 @@ def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, optimizer, comp
     model = parallelize_boost(model, parallel_dims, job_config)
     loss_fn = build_loss_fn(job_config)
     context = dist_utils.get_train_context(True)  # loss-parallel, as the trainer
-    opt = _optimizer(optimizer, model, args)
+    opt = _optimizer(case["optimizer"], model, args)
     losses, norms = [], []
     # step 2 runs under the trainer's step profiler; eager step 3's forward/backward is
     # counted by CommCounter (a dispatch mode: compiled code refuses it), the reference
@@ -114,6 +119,18 @@ def _run(parallel_dims, args, plan, latent_checkpoint, keep, ac, optimizer, comp
     return losses, norms, time.perf_counter() - start, profile
 
 
+FIELDS = ("plan", "arch", "flavor", "latent_checkpoint", "keep", "ac", "optimizer", "backend")
+DEFAULTS = {"optimizer": "AdamW", "backend": "inductor"}
+
+
+def as_row(case: tuple) -> dict:
+    """A case (plan, arch, flavor, latent_checkpoint, keep, ac[, optimizer[, backend]])
+    as a dict; optimizer AdamW and backend inductor unless given."""
+    row = dict(DEFAULTS, **dict(zip(FIELDS, case)))
+    assert len(case) <= len(FIELDS) and set(row) == set(FIELDS), case
+    return row
+
+
 def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: str):
     from boost_titan import cpu_runtime
 
@@ -134,34 +151,17 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
         )
         dims.build_mesh()
         results = []
-        for plan, arch, flavor, latent_checkpoint, keep, ac, *rest in cases:
-            optimizer = rest[0] if rest else "AdamW"
-            args = small_args(flavors_for(arch)[flavor])
+        for case in cases:
+            row = as_row(case)
+            args = small_args(flavors_for(row["arch"])[row["flavor"]])
             g = torch.Generator().manual_seed(1)
             batches = [
                 tuple(torch.randint(0, args.vocab_size, (2, 32), generator=g) for _ in range(2))
                 for _ in range(STEPS)
             ]
-            row = {
-                "plan": plan,
-                "arch": arch,
-                "flavor": flavor,
-                "latent_checkpoint": latent_checkpoint,
-                "keep": keep,
-                "ac": ac,
-                "optimizer": optimizer,
-            }
             for mode in ("eager", "compiled"):
                 losses, norms, secs, profile = _run(
-                    dims,
-                    copy.deepcopy(args),
-                    plan,
-                    latent_checkpoint,
-                    keep,
-                    ac,
-                    optimizer,
-                    mode == "compiled",
-                    batches,
+                    dims, copy.deepcopy(args), row, mode == "compiled", batches
                 )
                 row[mode] = {
                     "loss": losses,
@@ -197,8 +197,9 @@ def run_cases(cases: list, workdir: str, cache_dir: str | None = None) -> list[d
 if __name__ == "__main__":
     import tempfile
 
+    # plan arch latent_checkpoint keep [flavor [ac [optimizer [backend]]]]
     plan, arch, latent_checkpoint, keep = sys.argv[1:5]
-    flavor = sys.argv[5] if len(sys.argv) > 5 else "debugmodel"
-    ac = sys.argv[6] if len(sys.argv) > 6 else "none"
-    for row in run_cases([(plan, arch, flavor, latent_checkpoint, keep, ac)], tempfile.mkdtemp()):
+    flavor, *rest = sys.argv[5:] or ["debugmodel"]
+    case = (plan, arch, flavor, latent_checkpoint, keep, *(rest or ["none"]))
+    for row in run_cases([case], tempfile.mkdtemp()):
         print(json.dumps(row))

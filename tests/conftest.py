@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,38 @@ def corpus_dir() -> Path:
     out = REPO_ROOT / "data" / "boost_corpus"
     build_corpus(out)
     return out
+
+
+# run_train.sh's setting; set before tests/launcher.py's fork server imports `datasets`
+# (which reads it at import)
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def seed_checkpoint(corpus_dir, tmp_path_factory):
+    """``seed_checkpoint("debug_cola.toml")``: the step-0 folder of a torchtitan seed
+    checkpoint of that config (one process, fp32), made once per session and shared by
+    every test that starts layouts from the same weights."""
+    from helpers import run_training
+
+    made: dict[str, Path] = {}
+
+    def get(config: str) -> Path:
+        if config not in made:
+            dump = tmp_path_factory.mktemp(f"seed_{config.removesuffix('.toml')}")
+            run = run_training(
+                config,
+                1,
+                dump,
+                "--checkpoint.enable",
+                "--checkpoint.create_seed_checkpoint",
+                "--training.mixed_precision_param",
+                "float32",
+            )
+            assert "Created seed checkpoint" in run.output and not run.loss  # no step ran
+            step0 = dump / "checkpoint" / "step-0"
+            assert step0.is_dir() and any(step0.iterdir()), step0
+            made[config] = step0
+        return made[config]
+
+    return get

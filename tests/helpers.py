@@ -50,29 +50,44 @@ def run_training(
     *overrides: str,
     timeout: int = 900,
     expect_failure: bool = False,
+    launcher: str = "fork",
 ) -> TrainRun:
+    """Train ``config`` (a file of train_configs/) on ``ngpu`` gloo ranks with these
+    CLI overrides. ``launcher``: "fork" (``tests/launcher.py``: the trainer's ranks
+    forked from a server that imported it once) or "torchrun" (the README's
+    ``run_train.sh``, for tests of the launcher itself and of the README's runs)."""
     env = dict(os.environ)
-    env.update(
-        NGPU=str(ngpu),
-        CONFIG_FILE=str(REPO_ROOT / "train_configs" / config),
-        LOG_RANK=",".join(str(r) for r in range(ngpu)),
-        PYTHON=PYTHON,
-    )
-    cmd = [
-        str(REPO_ROOT / "run_train.sh"),
+    env.update(LOG_RANK=",".join(str(r) for r in range(ngpu)), PYTHON=PYTHON)
+    config_file = str(REPO_ROOT / "train_configs" / config)
+    args = [
         "--job.dump_folder",
         str(dump_folder),
         "--metrics.disable_color_printing",
         *overrides,
     ]
-    proc = subprocess.run(
-        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    out = proc.stdout + proc.stderr
+    if launcher == "torchrun":
+        env.update(NGPU=str(ngpu), CONFIG_FILE=config_file)
+        proc = subprocess.run(
+            [str(REPO_ROOT / "run_train.sh"), *args],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    elif launcher == "fork":
+        from launcher import launch
+
+        logs = Path(dump_folder).parent / f".{Path(dump_folder).name}.rank_logs"
+        argv = ["--job.config_file", config_file, *args]
+        rc, out = launch(argv, ngpu, env, str(REPO_ROOT), str(logs), timeout)
+    else:
+        raise ValueError(f"launcher {launcher!r}: use 'fork' or 'torchrun'")
     if expect_failure:
-        assert proc.returncode != 0, f"run was expected to fail:\n{out[-4000:]}"
-    elif proc.returncode != 0:
-        raise AssertionError(f"training run failed (rc {proc.returncode}):\n{out[-6000:]}")
+        assert rc != 0, f"run was expected to fail:\n{out[-4000:]}"
+    elif rc != 0:
+        raise AssertionError(f"training run failed (rc {rc}):\n{out[-6000:]}")
     run = TrainRun(output=out, dump_folder=Path(dump_folder))
     for m in _STEP.finditer(out):
         rank, step = int(m[1]), int(m[2])

@@ -1,4 +1,4 @@
-"""The README's default run (CoLA + BTP, TP2) through run_train.sh on the corpus:
+"""The README's default run (CoLA + BTP, TP2) on the corpus:
 it trains, and its loss curve follows the single-process run of the same weights."""
 
 from __future__ import annotations
@@ -13,19 +13,11 @@ FP32 = ("--training.mixed_precision_param", "float32")
 
 
 @pytest.mark.slow
-def test_cola_btp_tp2_matches_single_process(corpus_dir, tmp_path):
-    seed = run_training(
-        "debug_cola.toml",
-        1,
-        tmp_path / "seed",
-        "--checkpoint.enable",
-        "--checkpoint.create_seed_checkpoint",
-        *FP32,
-    )
+def test_cola_btp_tp2_matches_single_process(seed_checkpoint, tmp_path):
     load = (
         "--checkpoint.enable",
         "--checkpoint.initial_load_path",
-        str(seed.dump_folder / "checkpoint" / "step-0"),
+        str(seed_checkpoint("debug_cola.toml")),
         "--checkpoint.interval",
         "1000",
         "--checkpoint.last_save_model_only",

@@ -1,4 +1,4 @@
-"""Checkpoints under BTP, through run_train.sh: DCP resume is bit-exact, a BTP TP2
+"""Checkpoints under BTP, through the trainer on real gloo ranks: DCP resume is bit-exact, a BTP TP2
 checkpoint loads into 1-process, FSDP2 and PP2 layouts with identical weights, and the
 consolidated safetensors export / import round-trips.
 
@@ -54,21 +54,14 @@ def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 
 
 @pytest.fixture(scope="module")
-def btp_run(corpus_dir, tmp_path_factory):
-    """Seed checkpoint, then 6 BTP TP2 steps saving full checkpoints at steps 3 and 6."""
+def btp_run(seed_checkpoint, tmp_path_factory):
+    """From the shared seed checkpoint, 6 BTP TP2 steps saving full checkpoints at
+    steps 3 and 6."""
     root = tmp_path_factory.mktemp("ckpt")
-    seed = run_training(
-        "debug_cola.toml",
-        1,
-        root / "seed",
-        "--checkpoint.enable",
-        "--checkpoint.create_seed_checkpoint",
-        *FP32,
-    )
     args = (
         "--checkpoint.enable",
         "--checkpoint.initial_load_path",
-        str(seed.dump_folder / "checkpoint" / "step-0"),
+        str(seed_checkpoint("debug_cola.toml")),
         "--checkpoint.interval",
         "3",
         "--training.steps",

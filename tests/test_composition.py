@@ -1,4 +1,4 @@
-"""BTP composed with torchtitan's other dimensions, through run_train.sh (4 processes):
+"""BTP composed with torchtitan's other dimensions, on 4 gloo ranks of the trainer:
 TP2 x FSDP2, PP2 x TP2 (1F1B and Interleaved1F1B), PP2 x FSDP2 and HSDP, for CoLA,
 SVD and LaX. Each run starts from the same seed checkpoint as a single-process run and
 its first steps' loss and gradient norm must match that run's.
@@ -56,10 +56,12 @@ def docs_dir(corpus_dir, tmp_path_factory):
 
 
 class _References:
-    """One seed checkpoint and one single-process run per architecture, made on first use."""
+    """One single-process run per architecture from the shared seed checkpoint, made on
+    first use."""
 
-    def __init__(self, root, docs_dir):
+    def __init__(self, root, docs_dir, seed_checkpoint):
         self.root, self.docs_dir, self.runs = root, docs_dir, {}
+        self.seed_checkpoint = seed_checkpoint
 
     def data(self, copies: int) -> tuple[str, ...]:
         return (
@@ -72,20 +74,12 @@ class _References:
     def get(self, arch: str):
         if arch not in self.runs:
             config = f"debug_{arch}.toml"
-            seed = run_training(
-                config,
-                1,
-                self.root / f"{arch}_seed",
-                "--checkpoint.enable",
-                "--checkpoint.create_seed_checkpoint",
-                *FP32,
-            )
             load = (
                 "--model.name",
                 f"{arch}_llama2",
                 "--checkpoint.enable",
                 "--checkpoint.initial_load_path",
-                str(seed.dump_folder / "checkpoint" / "step-0"),
+                str(self.seed_checkpoint(config)),
                 "--checkpoint.interval",
                 "1000",
                 "--checkpoint.last_save_model_only",
@@ -100,8 +94,8 @@ class _References:
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory, docs_dir):
-    return _References(tmp_path_factory.mktemp("refs"), docs_dir)
+def references(tmp_path_factory, docs_dir, seed_checkpoint):
+    return _References(tmp_path_factory.mktemp("refs"), docs_dir, seed_checkpoint)
 
 
 def _last_stage(run):

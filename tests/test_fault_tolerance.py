@@ -13,7 +13,9 @@ weights and optimizer state, bit for bit (fp32).
   exactly as they were, and too many skips in a row stop the run.
 
 Faults come from BOOST_TITAN_INJECT (boost_titan.fault), so each one lands at a known
-step on every run."""
+step on every run. The restart and preemption runs go through run_train.sh and
+torchrun (what they test is the launcher's part); the others fork their ranks
+(tests/launcher.py)."""
 
 from __future__ import annotations
 
@@ -98,7 +100,9 @@ def _ckpt(run, step):
 def test_sigkill_restart_resumes_bitwise(reference, tmp_path, monkeypatch):
     _injected(monkeypatch, "sigkill@5:rank=1")
     monkeypatch.setenv("MAX_RESTARTS", "1")
-    run = run_training(CONFIG, 2, tmp_path / "killed", *BASE, "--checkpoint.interval", "2")
+    run = run_training(
+        CONFIG, 2, tmp_path / "killed", *BASE, "--checkpoint.interval", "2", launcher="torchrun"
+    )
     assert "exitcode: -9" in run.output  # rank 1 really died of SIGKILL
     assert re.search(r"Loading the checkpoint from \S+/step-4\.", run.output)
     assert run.output.count("Training starts at step 5") == 2  # both ranks, second attempt
@@ -111,14 +115,15 @@ def test_sigterm_saves_current_step_exits_0_and_resumes(reference, tmp_path, mon
     _injected(monkeypatch, "sigterm@3")
     # interval 7: the preemption checkpoint is not a regular one
     args = (*BASE, "--checkpoint.interval", "7")
-    first = run_training(CONFIG, 2, tmp_path / "pre", *args)  # exit 0 asserted by the helper
+    # exit 0 asserted by the helper
+    first = run_training(CONFIG, 2, tmp_path / "pre", *args, launcher="torchrun")
     m = re.search(r"run_train.sh: preempted step=(\d+) checkpoint=(\S+); exiting 0", first.output)
     assert m, first.output[-3000:]
     stopped = int(m[1])
     assert 3 <= stopped < 7 and max(first.loss[0]) == stopped
     assert (tmp_path / "pre" / "checkpoint" / f"step-{stopped}" / ".metadata").is_file()
     monkeypatch.delenv("BOOST_TITAN_INJECT")
-    second = run_training(CONFIG, 2, tmp_path / "pre", *args)
+    second = run_training(CONFIG, 2, tmp_path / "pre", *args, launcher="torchrun")
     assert f"Training starts at step {stopped + 1}" in second.output
     assert sorted(second.loss[0]) == list(range(stopped + 1, 9))
     for step in range(stopped + 1, 9):

@@ -2,7 +2,7 @@
 
 * One lazy and one exact step under TP2 (BTP), FSDP2 x TP2 and FSDP4 equal the
   single-device LORO step on the same weights and gradients (fp32, 1e-5 relative).
-* Through run_train.sh from one seed checkpoint: 1 process, TP2, PP2 and TP2 x FSDP2
+* Through the trainer from one seed checkpoint: 1 process, TP2, PP2 and TP2 x FSDP2
   train the same losses across two exact steps, and a TP2 DCP resume across an exact
   step is bit-exact (losses, grad norms, and the exact-step schedule)."""
 
@@ -95,17 +95,8 @@ def test_step_on_ranks_equals_single_device(tmp_path):
 
 # ------------------------------------------------------------------- run_train.sh
 @pytest.fixture(scope="module")
-def loro_seed(corpus_dir, tmp_path_factory) -> Path:
-    dump = tmp_path_factory.mktemp("loro_seed")
-    run_training(
-        "debug_svd_loro.toml",
-        1,
-        dump,
-        *FP32,
-        "--checkpoint.enable",
-        "--checkpoint.create_seed_checkpoint",
-    )
-    return dump / "checkpoint" / "step-0"
+def loro_seed(seed_checkpoint) -> Path:
+    return seed_checkpoint("debug_svd_loro.toml")
 
 
 def _from(seed: Path, *extra: str) -> tuple[str, ...]:

@@ -66,23 +66,9 @@ def test_single_process_20_steps(arch, corpus_dir, tmp_path):
 
 # ----------------------------------------------------------------------------- LaX
 @pytest.fixture(scope="module")
-def lax_seed(corpus_dir, tmp_path_factory) -> Path:
-    """A torchtitan seed checkpoint of debug_lax (one process, saves step-0)."""
-    dump = tmp_path_factory.mktemp("lax_seed")
-    run = run_training(
-        "debug_lax.toml",
-        1,
-        dump,
-        *FAST,
-        *FP32,
-        "--checkpoint.enable",
-        "--checkpoint.create_seed_checkpoint",
-    )
-    assert "Created seed checkpoint" in run.output
-    assert not run.loss  # no training step ran
-    step0 = dump / "checkpoint" / "step-0"
-    assert step0.is_dir() and any(step0.iterdir()), step0
-    return step0
+def lax_seed(seed_checkpoint) -> Path:
+    """The shared torchtitan seed checkpoint of debug_lax (one process, saves step-0)."""
+    return seed_checkpoint("debug_lax.toml")
 
 
 def _load_seed(seed: Path) -> tuple[str, ...]:

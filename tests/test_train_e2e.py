@@ -1,9 +1,11 @@
-"""End-to-end training through run_train.sh: real gloo ranks, the real corpus.
+"""End-to-end training: real gloo ranks, the real corpus.
 
-Runs are kept tiny (debugmodel, batch 4, seq 256) and few: torchrun start-up costs
-~15-20 s here. The 20-step TP2 run doubles as run A of the checkpoint-resume test
-(it saves a full DCP checkpoint at step 16); run B resumes from it and must reproduce
-steps 17-20 bit for bit.
+Runs are kept tiny (debugmodel, batch 4, seq 256) and few. The 20-step TP2 run, its
+reproducibility twin and the missing-corpus run go through run_train.sh and torchrun,
+as the README's commands do; the others fork their ranks (tests/launcher.py). The
+20-step TP2 run doubles as run A of the checkpoint-resume test (it saves a full DCP
+checkpoint at step 16); run B resumes from it and must reproduce steps 17-20 bit for
+bit.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def tp2_run(corpus_dir, tmp_path_factory) -> TrainRun:
         str(CKPT_STEP),
         "--checkpoint.keep_latest_k",
         "0",
+        launcher="torchrun",
     )
 
 
@@ -90,7 +93,13 @@ def test_default_run_is_reproducible(tp2_run, tmp_path):
     the same losses and grad norms (steps 1-4: inside warm-up, where the LR does not
     depend on the run's length)."""
     again = run_training(
-        TP2, 2, tmp_path / "again", "--training.steps", "4", "--validation.no-enable"
+        TP2,
+        2,
+        tmp_path / "again",
+        "--training.steps",
+        "4",
+        "--validation.no-enable",
+        launcher="torchrun",
     )
     for rank in (0, 1):
         for step in (1, 2, 3, 4):
@@ -329,6 +338,7 @@ def test_missing_corpus_says_how_to_build(corpus_dir, tmp_path):
         "--training.dataset_path",
         str(missing),
         expect_failure=True,
+        launcher="torchrun",
     )
     assert not run.loss
     assert "FileNotFoundError" in run.output

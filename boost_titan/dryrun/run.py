@@ -42,19 +42,29 @@ def _role_worker(config_args: list[str], world_size: int, pp_rank: int) -> RoleR
 
 
 def dry_run(config_args: list[str], world_size: int, pp: int) -> list[RoleReport]:
-    """Each role in a fresh process (DTensor caches sharding decisions with their
-    process groups, which a second fake world in one process would reuse stale);
-    as many at a time as there are cores."""
+    """The reports of each pipeline rank's role of one config (see :func:`dry_run_many`)."""
+    return dry_run_many([(config_args, world_size, pp)])[0]
+
+
+def dry_run_many(jobs: list[tuple[list[str], int, int]]) -> list[list[RoleReport]]:
+    """Dry-run several configs, each ``(config_args, world_size, pp)``: every role in a
+    fresh process (DTensor caches sharding decisions with their process groups, which
+    a second fake world in one process would reuse stale), as many at a time as there
+    are cores. The processes fork from a server that has imported torch and torchtitan
+    once (a spawned process spends ~5 s importing them, about what a 7B role's trace
+    takes)."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    workers = max(1, min(pp, os.cpu_count() or 1))
-    with ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1
-    ) as pool:
-        futures = [pool.submit(_role_worker, config_args, world_size, s) for s in range(pp)]
-        return [f.result() for f in futures]
+    roles = [(args, world, s) for args, world, pp in jobs for s in range(pp)]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["boost_titan.preload"])
+    workers = max(1, min(len(roles), os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+        futures = [pool.submit(_role_worker, *role) for role in roles]
+        reports = iter([f.result() for f in futures])
+    return [[next(reports) for _ in range(pp)] for _, _, pp in jobs]
 
 
 def measure(config) -> list[RoleReport] | None:

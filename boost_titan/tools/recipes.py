@@ -149,13 +149,23 @@ def _toml_value(v) -> str:
     return repr(v)
 
 
-def _dry_run(path: str, gpus: int):
+def _dry_runs(recipes: list[tuple[str, int]]):
+    """The roles of each (recipe path, world size), checked as the dry-run CLI does;
+    all traced in one pool of processes."""
     from boost_titan.config_check import check_config, parse_config
-    from boost_titan.dryrun import dry_run
+    from boost_titan.dryrun.run import dry_run_many
 
-    config = parse_config(["--job.config_file", path])
-    check_config(config, world_size=gpus, files=False)
-    return dry_run(["--job.config_file", path], gpus, config.parallelism.pipeline_parallel_degree)
+    jobs = []
+    for path, gpus in recipes:
+        config = parse_config(["--job.config_file", path])
+        check_config(config, world_size=gpus, files=False)
+        pp = config.parallelism.pipeline_parallel_degree
+        jobs.append((["--job.config_file", path], gpus, pp))
+    return dry_run_many(jobs)
+
+
+def _dry_run(path: str, gpus: int):
+    return _dry_runs([(path, gpus)])[0]
 
 
 def choose(arch: str, size: str, optimizer: str, gpu_gib: float, headroom: float, log=print):
@@ -204,12 +214,13 @@ def table() -> str:
     """The table of the recipes as written (one dry run each)."""
     import re
 
-    rows = list(TABLE_HEAD)
+    rows, labels, recipes = list(TABLE_HEAD), [], []
     for arch, size, optimizer in all_recipes():
         path = os.path.join(RECIPES_DIR, f"{recipe_name(arch, size, optimizer)}.toml")
         with open(path) as f:
-            label = re.search(r"activation checkpointing: ([^,]*)", f.readline()).group(1)
-        roles = _dry_run(path, LAYOUTS[size][2])
+            labels.append(re.search(r"activation checkpointing: ([^,]*)", f.readline()).group(1))
+        recipes.append((path, LAYOUTS[size][2]))
+    for (arch, size, optimizer), label, roles in zip(all_recipes(), labels, _dry_runs(recipes)):
         rows.append(table_row(arch, size, optimizer, label.strip(), roles))
     return "\n".join(rows)
 
