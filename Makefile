@@ -26,7 +26,7 @@ train: data
 	NGPU=$${NGPU:-2} ./run_train.sh $(ARGS)
 
 test: data
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q tests --durations=30 $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check boost_titan tests benchmarks
