@@ -79,9 +79,10 @@ def run_training(
     elif launcher == "fork":
         from launcher import launch
 
-        logs = Path(dump_folder).parent / f".{Path(dump_folder).name}.rank_logs"
+        logs = Path(dump_folder).parent / f".{Path(dump_folder).name}.logs"
         argv = ["--job.config_file", config_file, *args]
-        rc, out = launch(argv, ngpu, env, str(REPO_ROOT), str(logs), timeout)
+        done = launch("boost_titan.train", argv, ngpu, env, str(REPO_ROOT), str(logs), timeout)
+        rc, out = done.returncode, done.tee()
     else:
         raise ValueError(f"launcher {launcher!r}: use 'fork' or 'torchrun'")
     if expect_failure:
@@ -99,3 +100,26 @@ def run_training(
     for m in _VAL.finditer(out):
         run.val_loss.setdefault(int(m[1]), {})[int(m[2])] = float(m[3])
     return run
+
+
+def run_main(
+    entry: str,
+    *argv: str,
+    log_dir: Path,
+    nproc: int = 1,
+    timeout: int = 900,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``python -m entry argv`` (``nproc`` > 1: ``torchrun --nproc-per-node nproc -m
+    entry argv``), forked from the launcher's server, with ``env`` added to this
+    process's environment: stdout is rank 0's, stderr every rank's."""
+    from launcher import launch
+
+    env = {**os.environ, **(env or {})}
+    env.pop("WORLD_SIZE", None)
+    done = launch(
+        entry, list(argv), nproc, env, str(REPO_ROOT), str(log_dir), timeout, distributed=nproc > 1
+    )
+    return subprocess.CompletedProcess(
+        [entry, *argv], done.returncode, done.stdout[0], "".join(done.stderr)
+    )

@@ -1,20 +1,23 @@
-"""The test suite's rank launcher: ``boost_titan.train.main`` on N gloo ranks, each
-rank forked from a server that imported the trainer once (``boost_titan.preload``).
+"""The test suite's process launcher: a ``main(argv)`` of boost_titan (the trainer,
+the dry run, the checkpoint CLI) in fresh processes, one per rank, each forked from a
+server that imported torch, torchtitan and boost_titan once (``boost_titan.preload``).
 
-What torchrun does for a run that matters to the trainer, it does too: the
-environment of ``torch.distributed.run`` (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/
-PORT, ...), run_train.sh's defaults (OMP_NUM_THREADS = cores / ranks,
-HF_DATASETS_OFFLINE=1), the exit (``cpu_runtime.exit_after_clean_shutdown``), every
-line of a rank's output prefixed ``[rank<r>]:`` and, when a rank fails, the others
-stopped. What it saves: per launch, torchrun's agent and each rank's imports of torch,
-torchtitan and boost_titan (~10 s of a 15-20 s debug run on 2 cores).
+What torchrun and ``python -m`` do for a run that matters to the code under test, it
+does too: the environment of ``torch.distributed.run`` (RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR/PORT, ...), run_train.sh's defaults (OMP_NUM_THREADS = cores / ranks,
+HF_DATASETS_OFFLINE=1), the exit code (``SystemExit``, an exception, ``main``'s return
+value) and the CPU runtime's clean exit, each rank's stdout and stderr kept apart (a
+run's text as torchrun tees it: lines prefixed ``[rank<r>]:``), and, when a rank fails,
+the others stopped. What it saves per launch: torchrun's agent and every process's
+imports (~10 s of a 15-20 s debug run on 2 cores; ~5 s of a CLI call).
 
 Tests of the launcher itself (run_train.sh, torchrun restarts, signals, the README's
-commands) launch through run_train.sh: ``helpers.run_training(..., launcher="torchrun")``.
+runs) go through run_train.sh: ``helpers.run_training(..., launcher="torchrun")``.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
@@ -22,14 +25,25 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 
 PRELOAD = "boost_titan.preload"
 
 
-def _context():
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([PRELOAD])
-    return ctx
+@dataclass
+class Launched:
+    returncode: int  # the first failing process's, -9 when stopped at the timeout
+    stdout: list[str]  # per rank
+    stderr: list[str]
+
+    def tee(self) -> str:
+        """All ranks' stdout then stderr, each line prefixed ``[rank<r>]:`` (torchrun
+        --tee 3)."""
+        lines = []
+        for streams in (self.stdout, self.stderr):
+            for rank, text in enumerate(streams):
+                lines += [f"[rank{rank}]:{line}" for line in text.splitlines()]
+        return "\n".join(lines) + "\n"
 
 
 def _free_port() -> int:
@@ -38,13 +52,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:
-    """One rank: torchrun's environment, output to ``log_path``, then the trainer's own
-    ``main`` and exit, as ``python -m boost_titan.train`` runs them."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+def _process_main(entry: str, argv: list[str], env: dict[str, str], cwd: str, logs) -> None:
+    """One process: its environment, cwd and output files, then ``entry.main(argv)``
+    and exit as ``python -m entry`` would (the trainer: the CPU runtime's clean exit)."""
+    for fd, path in zip((1, 2), logs):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -53,56 +67,66 @@ def _rank_main(argv: list[str], env: dict[str, str], cwd: str, log_path: str) ->
     from boost_titan import cpu_runtime
 
     torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    sys.argv = ["boost_titan.train", *argv]
+    sys.argv = [entry, *argv]
+    code = 0
     try:
-        import boost_titan.train
-
-        boost_titan.train.main(argv)
+        code = importlib.import_module(entry).main(argv) or 0
     except SystemExit as e:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(e.code if isinstance(e.code, int) else 1)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    if cpu_runtime.is_active():
-        cpu_runtime.exit_after_clean_shutdown()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    if code == 0 and entry == "boost_titan.train" and cpu_runtime.is_active():
+        cpu_runtime.exit_after_clean_shutdown()
+    os._exit(code)
 
 
 def launch(
-    argv: list[str], ngpu: int, env: dict[str, str], cwd: str, log_dir: str, timeout: float
-) -> tuple[int, str]:
-    """Train ``argv`` on ``ngpu`` ranks; returns (exit code, output). The exit code is
-    the first failing rank's, or -9 for a run stopped at ``timeout`` seconds."""
+    entry: str,
+    argv: list[str],
+    nproc: int,
+    env: dict[str, str],
+    cwd: str,
+    log_dir: str,
+    timeout: float,
+    distributed: bool = True,
+) -> Launched:
+    """``entry.main(argv)`` in ``nproc`` processes (``distributed``: as the ranks of one
+    torchrun launch)."""
     os.makedirs(log_dir, exist_ok=True)
     env = dict(env)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ngpu)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("HF_DATASETS_OFFLINE", "1")
     env.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
-    env.setdefault("LOG_RANK", ",".join(map(str, range(ngpu))))
-    env.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
-        WORLD_SIZE=str(ngpu),
-        LOCAL_WORLD_SIZE=str(ngpu),
-        GROUP_RANK="0",
-        GROUP_WORLD_SIZE="1",
-        ROLE_NAME="rank",
-        TORCHELASTIC_RESTART_COUNT="0",
-        TORCHELASTIC_MAX_RESTARTS="0",
-        TORCHELASTIC_RUN_ID="boost-tests",
-    )
-    ctx = _context()
-    logs = [os.path.join(log_dir, f"rank{r}.log") for r in range(ngpu)]
+    if distributed:
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            ROLE_NAME="rank",
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+            TORCHELASTIC_RUN_ID="boost-tests",
+        )
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([PRELOAD])
+    logs = [
+        (os.path.join(log_dir, f"rank{r}.out"), os.path.join(log_dir, f"rank{r}.err"))
+        for r in range(nproc)
+    ]
     procs = []
-    for rank in range(ngpu):
-        rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
-        p = ctx.Process(target=_rank_main, args=(argv, rank_env, cwd, logs[rank]), daemon=False)
+    for rank in range(nproc):
+        rank_env = dict(env)
+        if distributed:
+            rank_env.update(RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
+        p = ctx.Process(target=_process_main, args=(entry, argv, rank_env, cwd, logs[rank]))
         p.start()
         procs.append(p)
     deadline = time.monotonic() + timeout
@@ -120,8 +144,9 @@ def launch(
     for p in procs:
         p.join()
     rc = rc or next((p.exitcode for p in procs if p.exitcode != 0), 0)
-    out = []
-    for rank, path in enumerate(logs):
+
+    def read(path: str) -> str:
         with open(path, errors="replace") as f:
-            out += [f"[rank{rank}]:{line}" for line in f.read().splitlines()]
-    return rc, "\n".join(out) + "\n"
+            return f.read()
+
+    return Launched(rc, [read(out) for out, _ in logs], [read(err) for _, err in logs])

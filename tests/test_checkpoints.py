@@ -9,30 +9,25 @@ held after loading come back out of its own checkpoint."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO_ROOT, run_training
+from helpers import REPO_ROOT, run_main, run_training
 
 FP32 = ("--training.mixed_precision_param", "float32")
 CONFIG = "debug_cola_btp_tp2.toml"
 
 
 def _cli(*args: str, config: str = CONFIG, expect_error: str | None = None) -> str:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "boost_titan.checkpoint",
-            *args,
-            "--job.config_file",
-            str(REPO_ROOT / "train_configs" / config),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
+    """``python -m boost_titan.checkpoint args --job.config_file <config>``."""
+    proc = run_main(
+        "boost_titan.checkpoint",
+        *args,
+        "--job.config_file",
+        str(REPO_ROOT / "train_configs" / config),
+        log_dir=Path(tempfile.mkdtemp(prefix="ckpt_cli_")),
     )
     if expect_error is not None:
         assert proc.returncode != 0 and expect_error in proc.stderr, proc.stderr[-3000:]

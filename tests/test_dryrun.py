@@ -1,43 +1,39 @@
 """The dry run (``python -m boost_titan.dryrun``) against real ranks, and every recipe
 at its world size.
 
-Ground truth: ``--measure`` builds the same config on real gloo ranks (torchrun), steps
-it on real tensors and measures what the dry run traces: local parameter, gradient and
-optimizer-state bytes (real backward and AdamW step), the bytes autograd saves for one
-microbatch per stage (saved-tensor hooks, not MemTracker), and the collectives counted
-on the TP process group. Exact for all but activations; activations within 10% (the
-dry run also counts a non-last stage's live output, which is not saved).
+Ground truth: ``--measure`` builds the same config on real gloo ranks (forked with
+torchrun's environment, tests/launcher.py), steps it on real tensors and measures what
+the dry run traces: local parameter, gradient and optimizer-state bytes (real backward
+and AdamW step), the bytes autograd saves for one microbatch per stage (saved-tensor
+hooks, not MemTracker), and the collectives counted on the TP process group. Exact
+for all but activations; activations within 10% (the dry run also counts a non-last
+stage's live output, which is not saved).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import run_main
 
 REPO = Path(__file__).resolve().parents[1]
-PYTHON = sys.executable
-TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
-    return env
 
 
 def _dry(config: str, ngpu: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "boost_titan.dryrun", "--config", config, "--ngpu", str(ngpu), *extra],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
+    """``python -m boost_titan.dryrun --config config --ngpu ngpu extra``."""
+    return run_main(
+        "boost_titan.dryrun.cli",
+        "--config",
+        config,
+        "--ngpu",
+        str(ngpu),
+        *extra,
+        log_dir=Path(tempfile.mkdtemp(prefix="dryrun_")),
+        env={"OMP_NUM_THREADS": "1"},
     )
 
 
@@ -47,26 +43,18 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
 
 
 def _measured(config: str, ngpu: int) -> dict:
-    proc = subprocess.run(
-        [
-            TORCHRUN,
-            "--standalone",  # a free port: other suites' torchruns may be running
-            "--nproc-per-node",
-            str(ngpu),
-            "-m",
-            "boost_titan.dryrun",
-            "--config",
-            config,
-            "--ngpu",
-            str(ngpu),
-            "--measure",
-            "--json",
-        ],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
+    """``torchrun --nproc-per-node ngpu -m boost_titan.dryrun ... --measure --json``."""
+    proc = run_main(
+        "boost_titan.dryrun.cli",
+        "--config",
+        config,
+        "--ngpu",
+        str(ngpu),
+        "--measure",
+        "--json",
+        log_dir=Path(tempfile.mkdtemp(prefix="measure_")),
+        nproc=ngpu,
+        env={"OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout[proc.stdout.index("{") :])  # only rank 0 prints
