@@ -19,7 +19,7 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from launcher import spawn
 
 from boost_titan.comm_stats import CommCounter
 from boost_titan.step_profile import StepProfiler
@@ -184,12 +184,7 @@ def run_cases(cases: list, workdir: str, cache_dir: str | None = None) -> list[d
     os.makedirs(workdir, exist_ok=True)
     out_file = os.path.join(workdir, "results.json")
     cache_dir = cache_dir or os.path.join(workdir, "inductor")
-    mp.spawn(
-        _worker,
-        args=(os.path.join(workdir, "init"), cases, out_file, cache_dir),
-        nprocs=TP,
-        join=True,
-    )
+    spawn(_worker, (os.path.join(workdir, "init"), cases, out_file, cache_dir), TP)
     with open(out_file) as f:
         return json.load(f)
 

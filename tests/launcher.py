@@ -150,3 +150,12 @@ def launch(
             return f.read()
 
     return Launched(rc, [read(out) for out, _ in logs], [read(err) for _, err in logs])
+
+
+def spawn(fn, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` (``fn(rank, *args)`` in each
+    process, an error in any re-raised here), the processes forked from the server."""
+    import torch.multiprocessing as mp
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

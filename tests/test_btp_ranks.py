@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from launcher import spawn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -124,4 +124,4 @@ def _check_latent_checkpoint(mesh):
 def test_tp2_real_ranks_with_optimizer_step(tmp_path):
     """btp (svd, cola GQA, lax ungrouped), vanilla (cola, lax GQA), fullrank (dense);
     then BTP with latent checkpointing vs without (bitwise, same collectives)."""
-    mp.spawn(_worker, args=(str(tmp_path / "init"),), nprocs=TP, join=True)
+    spawn(_worker, (str(tmp_path / "init"),), TP)

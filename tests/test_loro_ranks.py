@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers import run_training
+from launcher import spawn
 
 WORLD = 4
 FP32 = ("--training.mixed_precision_param", "float32")
@@ -90,7 +90,7 @@ def _check(exact: bool, tp_mesh, dp_mesh):
 
 
 def test_step_on_ranks_equals_single_device(tmp_path):
-    mp.spawn(_worker, args=(str(tmp_path / "pg"),), nprocs=WORLD, join=True)
+    spawn(_worker, (str(tmp_path / "pg"),), WORLD)
 
 
 # ------------------------------------------------------------------- run_train.sh
