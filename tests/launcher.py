@@ -21,7 +21,6 @@ import importlib
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -44,12 +43,6 @@ class Launched:
             for rank, text in enumerate(streams):
                 lines += [f"[rank{rank}]:{line}" for line in text.splitlines()]
         return "\n".join(lines) + "\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _process_main(entry: str, argv: list[str], env: dict[str, str], cwd: str, logs) -> None:
@@ -102,10 +95,17 @@ def launch(
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("HF_DATASETS_OFFLINE", "1")
     env.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    store = None
     if distributed:
+        # the launcher hosts the rendezvous store, as torchrun's agent does: a port the
+        # OS picked and holds, no race for a free one
+        from torch.distributed import TCPStore
+
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         env.update(
+            TORCHELASTIC_USE_AGENT_STORE="True",
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
+            MASTER_PORT=str(store.port),
             WORLD_SIZE=str(nproc),
             LOCAL_WORLD_SIZE=str(nproc),
             GROUP_RANK="0",
@@ -143,6 +143,7 @@ def launch(
         time.sleep(0.05)
     for p in procs:
         p.join()
+    del store
     rc = rc or next((p.exitcode for p in procs if p.exitcode != 0), 0)
 
     def read(path: str) -> str:
