@@ -86,35 +86,40 @@ def test_dry_run_equals_real_ranks(config, ngpu):
         assert dry["roles"][0]["tp_collectives_per_step"] > 0
 
 
-def _recipes() -> list[tuple[str, int]]:
+def _recipes() -> list[tuple[str, int, int]]:
+    """(recipe, world size, pipeline degree) of every recipe."""
     from boost_titan.tools.recipes import LAYOUTS, all_recipes, recipe_name
 
     return [
-        (f"recipes/{recipe_name(arch, size, optimizer)}.toml", LAYOUTS[size][2])
+        (f"recipes/{recipe_name(arch, size, optimizer)}.toml", LAYOUTS[size][2], LAYOUTS[size][1])
         for arch, size, optimizer in all_recipes()
     ]
 
 
 def test_every_recipe_fits_at_its_world_size():
     """Every recipe builds, shards and fits an 80 GB GPU (10% headroom) at the world
-    size it is written for: all 80 roles in one pool, one process per core, each forked
-    from a server that imported torchtitan once (the CLI's JSON path is covered above
-    and below)."""
+    size it is written for: all 54 roles (one per pipeline rank) in one pool, one
+    process per core, each forked from a server that imported torchtitan once (the
+    CLI's JSON path is covered above and below)."""
     from boost_titan.dryrun import fits
     from boost_titan.tools.recipes import _dry_runs
 
     recipes = _recipes()
-    assert len(recipes) == 26 and all((REPO / r).is_file() for r, _ in recipes)
-    reports = _dry_runs([(str(REPO / r), g) for r, g in recipes])
+    assert len(recipes) == 26 and all((REPO / r).is_file() for r, _, _ in recipes)
+    reports = _dry_runs([(str(REPO / r), g) for r, g, _ in recipes])
     bad = []
-    for (recipe, gpus), roles in zip(recipes, reports):
+    for (recipe, gpus, pp), roles in zip(recipes, reports):
         peak = max(r.peak_bytes for r in roles) / 2**30
         ok = fits(roles, 80.0, 0.1)
         print(f"{recipe} on {gpus}: {len(roles)} roles, peak {peak:.1f} GiB, fits {ok}")
+        # every pipeline rank's role, each its own
+        assert [r.role for r in roles] == (
+            [f"PP rank {s}" for s in range(pp)] if pp > 1 else ["every rank"]
+        ), recipe
         if not ok:
             bad.append((recipe, peak))
     assert not bad, bad
-    assert sum(len(roles) for roles in reports) == 80  # every pipeline rank's role
+    assert sum(len(roles) for roles in reports) == 54
 
 
 def test_too_big_layout_is_refused_with_the_figure():
