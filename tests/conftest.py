@@ -27,6 +27,14 @@ def corpus_dir() -> Path:
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cli_log_root(tmp_path_factory):
+    """helpers.run_main's process logs go under pytest's temporary folder."""
+    import helpers
+
+    helpers.LOG_ROOT = str(tmp_path_factory.mktemp("cli_logs"))
+
+
 @pytest.fixture(scope="session")
 def seed_checkpoint(corpus_dir, tmp_path_factory):
     """``seed_checkpoint("debug_cola.toml")``: the step-0 folder of a torchtitan seed

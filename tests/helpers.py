@@ -12,6 +12,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+LOG_ROOT: str | None = None  # run_main's log folders (conftest: pytest's temporary folder)
 
 _STEP = re.compile(
     r"\[rank(\d+)\]:.*?step:\s*(\d+)\s+loss:\s*([-\d.naninf]+)\s+grad_norm:\s*([-\d.naninf]+)"
@@ -105,15 +106,22 @@ def run_training(
 def run_main(
     entry: str,
     *argv: str,
-    log_dir: Path,
+    log_dir: Path | None = None,
     nproc: int = 1,
     timeout: int = 900,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """``python -m entry argv`` (``nproc`` > 1: ``torchrun --nproc-per-node nproc -m
     entry argv``), forked from the launcher's server, with ``env`` added to this
-    process's environment: stdout is rank 0's, stderr every rank's."""
+    process's environment: stdout is rank 0's, stderr every rank's. The processes'
+    output files go to ``log_dir`` (default: a new folder under the session's
+    ``LOG_ROOT``, which conftest sets to pytest's temporary folder)."""
+    import tempfile
+
     from launcher import launch
+
+    if log_dir is None:
+        log_dir = Path(tempfile.mkdtemp(prefix=f"{entry}_", dir=LOG_ROOT))
 
     env = {**os.environ, **(env or {})}
     env.pop("WORLD_SIZE", None)

@@ -9,8 +9,6 @@ held after loading come back out of its own checkpoint."""
 from __future__ import annotations
 
 import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +25,6 @@ def _cli(*args: str, config: str = CONFIG, expect_error: str | None = None) -> s
         *args,
         "--job.config_file",
         str(REPO_ROOT / "train_configs" / config),
-        log_dir=Path(tempfile.mkdtemp(prefix="ckpt_cli_")),
     )
     if expect_error is not None:
         assert proc.returncode != 0 and expect_error in proc.stderr, proc.stderr[-3000:]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,6 @@ def _dry(config: str, ngpu: int, *extra: str) -> subprocess.CompletedProcess:
         "--ngpu",
         str(ngpu),
         *extra,
-        log_dir=Path(tempfile.mkdtemp(prefix="dryrun_")),
         env={"OMP_NUM_THREADS": "1"},
     )
 
@@ -52,7 +50,6 @@ def _measured(config: str, ngpu: int) -> dict:
         str(ngpu),
         "--measure",
         "--json",
-        log_dir=Path(tempfile.mkdtemp(prefix="measure_")),
         nproc=ngpu,
         env={"OMP_NUM_THREADS": "1"},
     )
