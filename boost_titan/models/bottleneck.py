@@ -132,12 +132,16 @@ class LatentComm:
     label = ""  # "<plan>/layer<i>", set by tp_plans.apply_tp_plan
 
     def scope(self, point: str):
-        """A profiler range around a collective point; nothing when unlabelled (one
-        device), compiling (Dynamo drops profiler ranges, with a warning) or when no
-        profiler runs (a range costs a dispatcher call even then: not on every step)."""
+        """A profiler range around a collective point; nothing when compiling (Dynamo
+        drops profiler ranges, with a warning), unlabelled (one device) or when no
+        profiler runs (a range costs a dispatcher call even then: not on every step).
+
+        ``is_compiling()`` comes first: Dynamo guards on every Python value a compiled
+        frame reads, and each block's label differs, so reading it under compile made
+        every block its own graph (recompile limit 8: deeper TP models died at block 9)."""
         if (
-            not self.label
-            or torch.compiler.is_compiling()
+            torch.compiler.is_compiling()
+            or not self.label
             or not torch.autograd.profiler._is_profiler_enabled
         ):
             return contextlib.nullcontext()

@@ -36,6 +36,10 @@ from .collectives import all_reduce, all_reduce_grad
 from .styles import LowRankBlockParallel, ReplicatedModule, ShardParameters
 
 
+# sign, exponent and the top 7 mantissa bits of an fp32: exactly a bfloat16
+_HIGH_16_BITS = -(1 << 16)  # 0xFFFF0000 as an int32
+
+
 class BTPComm(LatentComm):
     def __init__(self, mesh: DeviceMesh):
         self.mesh = mesh
@@ -65,10 +69,17 @@ class BTPComm(LatentComm):
         1/rms). Instead each rank writes its statistic as a hi + lo pair (16 mantissa
         bits together, ~2^-17 relative) into its own two columns and zeros elsewhere:
         adding zeros is exact, so after the all-reduce every rank holds all T pairs
-        and adds them in fp32."""
+        and adds them in fp32.
+
+        hi is rounded on the fp32 bits (to the top 16: sign, exponent, 7 mantissa bits;
+        + 0x8000 first rounds to nearest), not by ``stats.to(dtype)``: inductor fuses such a round trip and keeps the
+        "rounded" value in fp32 inside its kernel, so lo came out 0 and the pair was
+        plain bf16 again (937.50739 summed to 936.0), only when compiled. A bit mask has
+        no cast to elide, and hi converts to bf16 exactly."""
         T = self.mesh.size()
-        hi = stats.to(dtype)
-        lo = (stats - hi.float()).to(dtype)
+        hi = ((stats.view(torch.int32) + 0x8000) & _HIGH_16_BITS).view(torch.float32)
+        lo = (stats - hi).to(dtype)  # stats - hi: exact in fp32 (|lo| <= half a bf16 ulp)
+        hi = hi.to(dtype)
         # this rank's row of the identity: a Replicate -> Shard slice, no collective
         slot = (
             DTensor.from_local(
