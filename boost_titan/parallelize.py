@@ -3,6 +3,9 @@ torchtitan's AC, compile and FSDP2/DDP exactly as torchtitan's llama3 applies th
 
 from __future__ import annotations
 
+import functools
+
+import torch
 from torch import nn
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
@@ -68,6 +71,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         )
     if compile_model:
         apply_compile(model, job_config.compile)
+    apply_autocast_without_fsdp(model, parallel_dims, job_config)
 
     if parallel_dims.fsdp_enabled:
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
@@ -86,3 +90,43 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             raise RuntimeError("DDP has not supported > 1D parallelism")
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model
+
+
+def autocast_dtype(parallel_dims: ParallelDims, job_config) -> torch.dtype | None:
+    """The dtype :func:`apply_autocast_without_fsdp` runs a model part's forward in, or
+    None where torchtitan applies ``mixed_precision_param`` itself (FSDP2's param
+    dtype; autocast on one device or DDP) or it is float32."""
+    dtype = TORCH_DTYPE_MAP[job_config.training.mixed_precision_param]
+    if dtype == torch.float32 or parallel_dims.fsdp_enabled:
+        return None
+    if not (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
+        return None  # torchtitan's maybe_enable_amp autocasts the step
+    return dtype
+
+
+def apply_autocast_without_fsdp(model: nn.Module, parallel_dims: ParallelDims, job_config):
+    """``[training] mixed_precision_param`` for TP and PP layouts without FSDP.
+
+    torchtitan 0.2.2 applies it through FSDP2 (bf16 parameters for compute) or, on one
+    device and under DDP, through autocast; with TP or PP and no FSDP it logs a warning
+    and trains in fp32 (``maybe_enable_amp``): a TP4 recipe on 4 GPUs would run 2-4x
+    slower than asked, its numbers still plausible. Here the model part's forward runs
+    under autocast instead, the same mechanism torchtitan uses on one device: GEMMs and
+    attention in the 16-bit dtype, reductions and the residual stream in fp32, fp32
+    master weights and gradients. It wraps the forward (not the step) so pipeline
+    stages get it too, with backward outside it as autocast requires."""
+    dtype = autocast_dtype(parallel_dims, job_config)
+    if dtype is None:
+        return
+    from torchtitan.tools.utils import device_type
+
+    model.forward = functools.partial(_autocast_forward, model.forward, device_type, dtype)
+    logger.info(
+        f"Mixed precision: {dtype} autocast around each model part's forward (torchtitan "
+        "will log 'Mixed precision training is disabled': it applies it only with FSDP)"
+    )
+
+
+def _autocast_forward(forward, device_type: str, dtype: torch.dtype, *args, **kwargs):
+    with torch.autocast(device_type, dtype=dtype):
+        return forward(*args, **kwargs)

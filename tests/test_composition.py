@@ -162,28 +162,58 @@ BF16_STEPS = 10
 BF16_LOSS_RTOL = 1e-3
 
 
+# bf16 without FSDP: torchtitan trains TP- and PP-only layouts in fp32 whatever
+# mixed_precision_param says; boost_titan autocasts their forward
+# (parallelize.apply_autocast_without_fsdp). (config, processes, data copies, overrides)
+BF16_LAYOUTS = {
+    "tp2 x fsdp2": ("debug_cola_btp_tp2_fsdp2.toml", 4, 2, ()),
+    "tp2": ("debug_cola_btp_tp2.toml", 2, 1, ()),
+    "pp2": (
+        "debug_cola_btp_tp2_pp2.toml",
+        2,
+        1,
+        ("--parallelism.tensor_parallel_degree", "1"),
+    ),
+}
+
+
 @pytest.mark.slow
-def test_btp_fsdp2_bf16_mixed_precision_follows_fp32(references, tmp_path):
-    """BTP TP2 x FSDP2 with bf16 parameters and latents (fp32 gradient reduction)
-    against the fp32 single process, 10 steps from the same seed checkpoint."""
+def test_bf16_mixed_precision_follows_fp32_in_every_layout(references, tmp_path):
+    """bf16 mixed precision against the fp32 single process, 10 steps from the same seed
+    checkpoint: BTP TP2 x FSDP2 (bf16 parameters and latents, fp32 gradient reduction)
+    and the layouts without FSDP, TP2 and PP2 (bf16 autocast). Each must differ from
+    fp32 (it really ran in bf16) by no more than bf16's tolerance, and the autocast
+    layouts must agree with the FSDP path as closely."""
     load, _ = references.get("cola")
     steps = ("--training.steps", str(BF16_STEPS))
     single = run_training(
         "debug_cola.toml", 1, tmp_path / "fp32", *load, *steps, *references.data(1)
     )
-    bf16 = run_training(
-        "debug_cola_btp_tp2_fsdp2.toml",
-        4,
-        tmp_path / "bf16",
-        *load,
-        *steps,
-        *references.data(2),
-        "--training.mixed_precision_param",
-        "bfloat16",
-    )
-    ref, got = single.loss[0], bf16.loss[0]
-    print("fp32 single:", ref, "\nbf16 tp2 x fsdp2:", got)
-    assert sorted(got) == sorted(ref) == list(range(1, BF16_STEPS + 1))
-    worst = max(abs(got[s] - ref[s]) / ref[s] for s in ref)
-    print(f"max relative loss difference bf16 vs fp32: {worst:.2e}")
-    assert 0 < worst <= BF16_LOSS_RTOL  # > 0: the run really was in bf16
+    ref = single.loss[0]
+    assert sorted(ref) == list(range(1, BF16_STEPS + 1))
+    got = {}
+    for name, (config, ngpu, copies, extra) in BF16_LAYOUTS.items():
+        run = run_training(
+            config,
+            ngpu,
+            tmp_path / name.replace(" ", ""),
+            *load,
+            *steps,
+            *references.data(copies),
+            "--training.mixed_precision_param",
+            "bfloat16",
+            *extra,
+        )
+        got[name], _ = _last_stage(run)
+        assert sorted(got[name]) == sorted(ref), (name, got[name])
+    print("fp32 single:", ref)
+    fsdp = got["tp2 x fsdp2"]
+    for name, loss in got.items():
+        worst = max(abs(loss[s] - ref[s]) / ref[s] for s in ref)
+        vs_fsdp = max(abs(loss[s] - fsdp[s]) / fsdp[s] for s in ref)
+        print(
+            f"bf16 {name}: {loss}\n  max relative difference vs fp32 {worst:.2e}, "
+            f"vs bf16 tp2 x fsdp2 {vs_fsdp:.2e}"
+        )
+        assert 0 < worst <= BF16_LOSS_RTOL, name  # > 0: the run really was in bf16
+        assert vs_fsdp <= BF16_LOSS_RTOL, name
