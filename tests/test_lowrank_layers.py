@@ -287,6 +287,33 @@ def test_transformer_matches_reference(arch):
     assert_rel_close(m(tokens).detach(), ref_transformer(tokens, P, a, m.freqs_cis), what="logits")
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_dense_and_lowrank_blocks_run_the_same_attention_kernel_path(monkeypatch, n_kv_heads):
+    """Every block, dense or low-rank, calls torchtitan's SDPA wrapper (its backend
+    priority: cuDNN, Flash, math) once per forward with the same GQA flag, so a CoLA-vs-
+    dense ratio on a GPU compares architectures, not attention kernels."""
+    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+    calls = []
+    wrapped = ScaledDotProductAttentionWrapper.forward
+
+    def spy(self, q, k, v, **kw):
+        calls.append((q.shape[1], k.shape[1], kw.get("enable_gqa")))
+        return wrapped(self, q, k, v, **kw)
+
+    monkeypatch.setattr(ScaledDotProductAttentionWrapper, "forward", spy)
+    seen = {}
+    for arch in ("dense", "cola", "lax"):
+        a = small_args(arch, n_kv_heads, n_layers=2)
+        calls.clear()
+        build(a, seed=6)(torch.randint(0, a.vocab_size, (2, 13)))
+        assert len(calls) == a.n_layers, arch
+        seen[arch] = set(calls)
+    assert seen["dense"] == seen["cola"] == seen["lax"]
+    heads, kv, gqa = next(iter(seen["dense"]))
+    assert gqa == (n_kv_heads is not None) and kv == (n_kv_heads or heads)
+
+
 # ----------------------------------------------------------------------------- LaX
 @pytest.mark.parametrize("gate", ["dense", "kron"])
 @pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchtitan.models.attention import ScaledDotProductAttentionWrapper
 from torchtitan.models.llama3.model.args import RoPEScalingArgs
 from torchtitan.models.llama3.model.model import (
     Attention as DenseAttention,
@@ -91,8 +92,12 @@ class LowRankAttention(nn.Module):
     def __init__(self, args: LlamaArgs, projs: dict[str, Bottleneck]):
         super().__init__()
         self.head_dim = args.head_dim
+        self.enable_gqa = args.n_heads > args.kv_heads
         for name in ATTN_PROJS:
             setattr(self, name, projs[name])
+        # the dense blocks' kernel choice (torchtitan's SDPA wrapper: cuDNN, then Flash,
+        # then math), so low-rank vs dense compares the architectures, not the kernels
+        self.inner_attention = ScaledDotProductAttentionWrapper()
 
     def attend(self, q, k, v, freqs_cis, positions=None) -> torch.Tensor:
         # -1: the local head count (q/k/v may hold a tensor-parallel slice of heads)
@@ -102,9 +107,7 @@ class LowRankAttention(nn.Module):
         v = v.view(bs, seqlen, -1, self.head_dim)
         q, k = apply_rotary_emb(q, k, freqs_cis=freqs_cis, positions=positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
-        )
+        out = self.inner_attention(q, k, v, enable_gqa=self.enable_gqa)
         return out.transpose(1, 2).reshape(bs, seqlen, -1)
 
 
