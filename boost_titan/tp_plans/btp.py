@@ -35,7 +35,6 @@ from boost_titan.models.bottleneck import LatentComm, rms_normalize
 from .collectives import all_reduce, all_reduce_grad
 from .styles import LowRankBlockParallel, ReplicatedModule, ShardParameters
 
-
 # sign, exponent and the top 7 mantissa bits of an fp32: exactly a bfloat16
 _HIGH_16_BITS = -(1 << 16)  # 0xFFFF0000 as an int32
 
@@ -72,8 +71,9 @@ class BTPComm(LatentComm):
         and adds them in fp32.
 
         hi is rounded on the fp32 bits (to the top 16: sign, exponent, 7 mantissa bits;
-        + 0x8000 first rounds to nearest), not by ``stats.to(dtype)``: inductor fuses such a round trip and keeps the
-        "rounded" value in fp32 inside its kernel, so lo came out 0 and the pair was
+        + 0x8000 first rounds to nearest), not by ``stats.to(dtype)``: inductor fuses
+        such a round trip and keeps the "rounded" value in fp32 inside its kernel, so
+        lo came out 0 and the pair was
         plain bf16 again (937.50739 summed to 936.0), only when compiled. A bit mask has
         no cast to elide, and hi converts to bf16 exactly."""
         T = self.mesh.size()
