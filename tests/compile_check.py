@@ -30,7 +30,13 @@ PROFILED_STEP, COUNTED_STEP = 1, 2  # 0-based
 
 
 def _job_config(
-    plan: str, latent_checkpoint: str, keep: str, compiled: bool, ac: str, backend: str
+    plan: str,
+    latent_checkpoint: str,
+    keep: str,
+    compiled: bool,
+    ac: str,
+    backend: str,
+    dtype: str = "float32",
 ):
     from boost_titan.train import parse_config
 
@@ -47,6 +53,9 @@ def _job_config(
         "32",
         "--parallelism.tensor_parallel_degree",
         str(TP),
+        # bf16 on TP-only: autocast around the model's forward (parallelize_boost)
+        "--training.mixed_precision_param",
+        dtype,
     ]
     if compiled:
         argv += ["--compile.enable", "--compile.backend", backend]
@@ -84,7 +93,9 @@ def _run(parallel_dims, args, case: dict, compiled: bool, batches):
     plan, latent_checkpoint, keep, ac = (
         case[k] for k in ("plan", "latent_checkpoint", "keep", "ac")
     )
-    job_config = _job_config(plan, latent_checkpoint, keep, compiled, ac, case["backend"])
+    job_config = _job_config(
+        plan, latent_checkpoint, keep, compiled, ac, case["backend"], case["dtype"]
+    )
     torch.manual_seed(0)  # same weights on every rank and in both runs
     model = Transformer(args)
     with torch.no_grad():
@@ -116,16 +127,40 @@ def _run(parallel_dims, args, case: dict, compiled: bool, batches):
             profile["counted_volume_MiB"] = sum(r.volume for r in counter.records) / 2**20
         losses.append(loss.full_tensor().item() if hasattr(loss, "full_tensor") else loss.item())
         norms.append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
+    if compiled:
+        profile["block_graphs"] = _block_graphs(model)
     return losses, norms, time.perf_counter() - start, profile
 
 
-FIELDS = ("plan", "arch", "flavor", "latent_checkpoint", "keep", "ac", "optimizer", "backend")
-DEFAULTS = {"optimizer": "AdamW", "backend": "inductor"}
+def _block_graphs(model) -> int:
+    """Compiled graphs Dynamo holds for the blocks' forward (one code object shared by
+    every block): 1 when all blocks share one graph; a graph per block when something
+    a block reads differs per block (the recompile limit, 8, then stops the 9th)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    blocks = [b._orig_mod for b in model.layers.values()]
+    codes = {type(b).forward.__code__ for b in blocks}
+    return sum(len(_debug_get_cache_entry_list(code)) for code in codes)
+
+
+FIELDS = (
+    "plan",
+    "arch",
+    "flavor",
+    "latent_checkpoint",
+    "keep",
+    "ac",
+    "optimizer",
+    "backend",
+    "layers",
+    "dtype",
+)
+DEFAULTS = {"optimizer": "AdamW", "backend": "inductor", "layers": 2, "dtype": "float32"}
 
 
 def as_row(case: tuple) -> dict:
-    """A case (plan, arch, flavor, latent_checkpoint, keep, ac[, optimizer[, backend]])
-    as a dict; optimizer AdamW and backend inductor unless given."""
+    """A case (plan, arch, flavor, latent_checkpoint, keep, ac[, optimizer[, backend[,
+    layers[, dtype]]]]) as a dict; AdamW, inductor, 2 blocks and float32 unless given."""
     row = dict(DEFAULTS, **dict(zip(FIELDS, case)))
     assert len(case) <= len(FIELDS) and set(row) == set(FIELDS), case
     return row
@@ -150,10 +185,13 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
             dp_replicate=1, dp_shard=1, cp=1, tp=TP, pp=1, ep=1, etp=1, world_size=TP
         )
         dims.build_mesh()
-        results = []
+        results, statistic = [], None
         for case in cases:
             row = as_row(case)
-            args = small_args(flavors_for(row["arch"])[row["flavor"]])
+            if row["dtype"] == "bfloat16":  # bf16 rows carry the statistic's check
+                statistic = statistic or _bf16_statistic(dims.get_mesh("tp"))
+                row["statistic"] = statistic
+            args = small_args(flavors_for(row["arch"])[row["flavor"]], n_layers=row["layers"])
             g = torch.Generator().manual_seed(1)
             batches = [
                 tuple(torch.randint(0, args.vocab_size, (2, 32), generator=g) for _ in range(2))
@@ -176,6 +214,35 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: st
                 json.dump(results, f, indent=1)
     finally:
         dist.destroy_process_group()
+
+
+def _bf16_statistic(mesh) -> dict:
+    """BTP's bf16 Online-RMSNorm statistic (``BTPComm.reduce_down``: each rank's fp32
+    sum of squares as hi/lo bf16 columns of the latent all-reduce) compiled with
+    inductor, against eager and the exact (float64) sum of the ranks' fp32 statistics.
+    Inductor once dropped lo (937.50739 came back 936.0): only its code generation
+    shows that, so this is compiled with inductor whatever the matrix rows use."""
+    from boost_titan.tp_plans.btp import BTPComm
+
+    comm = BTPComm(mesh)
+    g = torch.Generator().manual_seed(7 + dist.get_rank())
+    stats = torch.rand(2, 16, 1, generator=g) * 1000
+    stats[0, 0, 0] = 937.50739 / TP  # the issue's value, summed over the ranks
+    latent = torch.randn(2, 16, 8, generator=g).bfloat16()
+    exact = stats.double()
+    dist.all_reduce(exact)
+    eager = comm.reduce_down(latent, stats)
+    compiled = torch.compile(comm.reduce_down, backend="inductor", fullgraph=True)(latent, stats)
+
+    def rel_err(total):
+        return ((total.double() - exact).abs() / exact).max().item()
+
+    return {
+        "latent_bitwise": torch.equal(eager[0], compiled[0]),
+        "statistic_bitwise": torch.equal(eager[1], compiled[1]),
+        "rel_err_eager": rel_err(eager[1]),
+        "rel_err_compiled": rel_err(compiled[1]),
+    }
 
 
 def run_cases(cases: list, workdir: str, cache_dir: str | None = None) -> list[dict]:
