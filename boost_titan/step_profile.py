@@ -142,6 +142,9 @@ class Event:
     runtime: bool = False
 
 
+RUNTIME = ("_runtime", "_driver")  # kineto's activity types cuda_runtime, cuda_driver, ...
+
+
 def from_kineto(prof) -> list[Event]:
     """The raw kineto events of a finished ``torch.profiler.profile``. Much cheaper than
     ``prof.events()``, which builds a FunctionEvent tree (~0.1 ms per op)."""
@@ -173,9 +176,6 @@ def from_kineto(prof) -> list[Event]:
             )
         )
     return out
-
-
-RUNTIME = ("_runtime", "_driver")  # kineto's activity types cuda_runtime, cuda_driver, ...
 
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
