@@ -5,6 +5,9 @@ runs under ``torch.profiler`` (CPU ops with their shapes, plus device kernels on
 stacks, no memory). The trainer marks each forward/backward call with a
 ``boost/forward_backward`` range (device-synchronised at both ends on profiled steps);
 autograd's ``autograd::engine::evaluate_function`` events tell backward from forward.
+On GPUs the host queues kernels ahead of the device, so that boundary is taken on the
+device's side: when the device has finished the kernels launched before the host's
+first backward op.
 From the events, written to TensorBoard at that step and printed on the console:
 
 ============================  =================================================================
@@ -48,7 +51,9 @@ per token of the latest profiled step.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import re
 import time
 from dataclasses import dataclass, field
@@ -123,13 +128,21 @@ class Event:
     end: float
     thread: int = 0
     device: bool = False  # a device activity (kernel, memcpy, annotation), not a host op
-    correlation: int = 0  # host ops: their id; device activities: the launch's id
+    # host ops: their own id; device activities and runtime calls: the id of the host op
+    # they were launched from (kineto's linked correlation id)
+    correlation: int = 0
     shapes: list = field(default_factory=list)
     dtypes: list = field(default_factory=list)
     concrete: list = field(default_factory=list)
     annotation: bool = False
     flops: int = 0  # the profiler's count (matmuls only, with_flops=True)
     sequence_nr: int = -1  # autograd's: a forward op and its backward node share it
+    # a device runtime/driver call on the host (cudaLaunchKernel), not an op: its own
+    # correlation id comes from CUPTI's counter, not the ops', so it is never keyed on
+    runtime: bool = False
+
+
+RUNTIME = ("_runtime", "_driver")  # kineto's activity types cuda_runtime, cuda_driver, ...
 
 
 def from_kineto(prof) -> list[Event]:
@@ -141,6 +154,10 @@ def from_kineto(prof) -> list[Event]:
         if e.is_async():
             continue
         device = e.device_type() != cpu
+        linked = e.linked_correlation_id()
+        # CPU ops and record_function ranges have no linked id; the device runtime's
+        # host calls link to the op they ran in, as torch's own parser tells them apart
+        runtime = not device and (linked > 0 or e.activity_type().endswith(RUNTIME))
         out.append(
             Event(
                 e.name(),
@@ -148,13 +165,14 @@ def from_kineto(prof) -> list[Event]:
                 e.end_ns() / 1e3,
                 e.start_thread_id(),
                 device,
-                e.linked_correlation_id() if device else e.correlation_id(),
+                linked if device or runtime else e.correlation_id(),
                 e.shapes(),
                 e.dtypes(),
                 e.concrete_inputs(),
                 e.is_user_annotation(),
                 e.flops(),
                 e.sequence_nr(),
+                runtime,
             )
         )
     return out
@@ -235,6 +253,7 @@ class StepEvents:
     windows: list[tuple[float, float]]  # boost/forward_backward ranges
     backward_starts: list[float]  # per window: its first autograd evaluate_function
     backward: list[tuple[float, float]]  # every outermost evaluate_function range
+    # (both on the device's side on GPU: :func:`collect`)
     tp: dict[str, list[tuple[float, float]]]  # phase -> TP collective time spans
     other: list[tuple[float, float]]  # every other collective time span
     compute: list[tuple[float, float]]  # device kernels that are not collectives (GPU)
@@ -247,7 +266,10 @@ class StepEvents:
 def collect(events: list[Event], device: bool) -> StepEvents:
     """Sort a profiled step's events into :class:`StepEvents`.
 
-    ``device``: collective time from device kernels (GPU) instead of host ops."""
+    ``device`` (GPU): collective time from device kernels instead of host ops, and the
+    backward's boundaries (``backward_starts``, ``backward``) moved to the device's side
+    (:func:`_device_clock`): the host queues kernels ahead of the device, so the host's
+    first backward op starts while the forward's kernels still run."""
     host = [e for e in events if not e.device]
     step = next(e for e in host if e.name == STEP)
     windows = sorted((e.start, e.end) for e in host if e.name == WINDOW)
@@ -255,10 +277,6 @@ def collect(events: list[Event], device: bool) -> StepEvents:
     backward = [
         (e.start, e.end) for e in host if e.name.startswith(BACKWARD) and not nest[id(e)][1]
     ]
-    starts = []
-    for ws, we in windows:
-        inside = [s for s, _ in backward if ws <= s <= we]
-        starts.append(min(inside) if inside else we)
 
     def kind(op: Event) -> str:
         """'tp' | 'other' for an outermost collective host op."""
@@ -266,7 +284,7 @@ def collect(events: list[Event], device: bool) -> StepEvents:
         return "tp" if op.name.startswith(TP_NAMESPACE) and in_window else "other"
 
     out = StepEvents(
-        (step.start, step.end), windows, starts, backward, {"forward": [], "backward": []}, [], []
+        (step.start, step.end), windows, [], backward, {"forward": [], "backward": []}, [], []
     )
     out.flops = executed_flops(host)
     for e in host:
@@ -283,27 +301,56 @@ def collect(events: list[Event], device: bool) -> StepEvents:
             phase = "backward" if in_bwd else "forward"
             (out.tp[phase] if kind(e) == "tp" else out.other).append((e.start, e.end))
     if device:
-        launches = {e.correlation: e for e in host}
+        # a kernel links to the CPU op it was launched from; runtime calls carry ids of
+        # another counter (CUPTI's), which would collide with the ops' ids
+        launches = {e.correlation: e for e in host if not e.runtime}
+        phase_work = []  # (launch op's host start, kernel's device end)
         for k in events:
             if not k.device or k.annotation or k.name.startswith(("Memcpy", "Memset")):
                 continue
+            launch = launches.get(k.correlation)
             if "nccl" not in k.name.lower():
                 out.compute.append((k.start, k.end))
+                if launch is not None:
+                    phase_work.append((launch.start, k.end))
                 continue
-            launch = launches.get(k.correlation)
             owner, in_bwd = nest[id(launch)] if launch is not None else (None, False)
             if owner is not None and kind(owner) == "tp":
                 out.tp["backward" if in_bwd else "forward"].append((k.start, k.end))
+                phase_work.append((launch.start, k.end))
             else:
                 out.other.append((k.start, k.end))
+        clock = _device_clock(phase_work)
+        out.backward = [(clock(s), clock(e)) for s, e in backward]
+    for ws, we in windows:
+        inside = [s for s, _ in out.backward if ws <= s <= we]
+        out.backward_starts.append(min(inside) if inside else we)
     return out
+
+
+def _device_clock(work: list[tuple[float, float]]):
+    """Host time -> device time: ``t`` -> when the device has finished the phase work
+    launched before ``t`` (``max(t, latest device end of it)``; ``work``: (launch op's
+    host start, kernel's device end) of compute kernels and the TP collectives' kernels,
+    which the phase waits for). Other collectives (pipeline send/recv, FSDP) run on
+    their own streams, waiting for peers, and would move the boundary by that wait."""
+    work = sorted(work)
+    launched = [s for s, _ in work]
+    done = list(itertools.accumulate((e for _, e in work), max))
+
+    def clock(t: float) -> float:
+        i = bisect.bisect_left(launched, t)  # the work launched strictly before t
+        return max(t, done[i - 1]) if i else t
+
+    return clock
 
 
 def scalars(ev: StepEvents, device: bool, interleaved: bool = False) -> dict[str, float]:
     """The per-step scalars (``TAGS``) of one profiled step, in ms.
 
     A forward/backward call is forward until its first backward op, backward after
-    (device-synchronised ends, so a GPU's queued work lands in the right phase).
+    (device-synchronised ends; on GPU the boundary is on the device's side, see
+    :func:`collect`, so a GPU's queued work lands in the right phase).
     ``interleaved`` (pipeline schedules, whose microbatches alternate forward and
     backward): backward is the time inside autograd's ops, forward the rest."""
     ms = 1e-3

@@ -400,3 +400,98 @@ def test_gpu_check_smoke(tmp_path):
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["first_step_s"] > 0, name
     assert len(res["memory"]["peak_mem_mib"]) == 12
     assert all(m >= 0 for m in res["memory"]["peak_mem_mib"].values())
+
+
+class _KinetoEvent:
+    """What the benchmark reads of torch's ``_KinetoEvent`` (times given in us): kernels
+    are CUDA device events; NCCL's ``nccl:all_reduce`` range and the runtime's launch
+    calls are host (CPU) events."""
+
+    def __init__(self, name: str, start_us: float, end_us: float, device: bool = True):
+        self._name, self._start, self._end, self._device = name, start_us, end_us, device
+
+    def name(self):
+        return self._name
+
+    def device_type(self):
+        from torch.autograd import DeviceType
+
+        return DeviceType.CUDA if self._device else DeviceType.CPU
+
+    def start_ns(self):
+        return int(self._start * 1000)
+
+    def end_ns(self):
+        return int(self._end * 1000)
+
+
+def _nccl_step() -> list[_KinetoEvent]:
+    """One step's events: NCCL kernels on two streams overlapping by 100 us, one more
+    later, under a GEMM and inside host ranges that take no device time."""
+    return [
+        _KinetoEvent("nccl:all_reduce", 0, 5000, device=False),
+        _KinetoEvent("cudaLaunchKernel", 10, 20, device=False),
+        _KinetoEvent("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0, 300),
+        _KinetoEvent("ncclDevKernel_AllGather_RING_LL", 200, 500),
+        _KinetoEvent("sm90_xmma_gemm_f32f32", 0, 2000),
+        _KinetoEvent("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 1000, 1100),
+    ]
+
+
+NCCL_STEP_S = (500 + 100) * 1e-6  # the union of the NCCL kernels' spans
+
+
+def test_nccl_comm_time_is_device_kernel_time():
+    from boost_titan.bench.comm import device_comm_seconds
+
+    assert device_comm_seconds(_nccl_step()) == pytest.approx(NCCL_STEP_S, rel=1e-12)
+    assert device_comm_seconds([e for e in _nccl_step() if "Kernel" not in e.name()]) == 0.0
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gpu_comm_time_comes_from_the_device(monkeypatch, compiled):
+    """On NCCL a collective and its wait return at once (host time ~0): the benchmark's
+    comm time of an eager or compiled variant is the profiled NCCL kernels' time, not
+    the host's time in collective ops (here 5 ms of host time, 0.6 ms on the device)."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.profiler
+
+    from boost_titan.bench import comm
+
+    all_reduce = SimpleNamespace(
+        name="_c10d_functional::all_reduce",
+        cpu_parent=None,
+        input_shapes=[[4, 8], [], []],
+        input_dtypes=["float", "", ""],
+        concrete_inputs=[None, "sum", "0"],
+        cpu_time_total=5000.0,  # us on the host
+    )
+    asked = []
+
+    class FakeProfile:
+        def __init__(self, activities, **kw):
+            asked.append(set(activities))
+            results = SimpleNamespace(events=_nccl_step)
+            self.profiler = SimpleNamespace(kineto_results=results)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return [all_reduce]
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(comm, "sync", lambda device: None)
+    monkeypatch.setattr(comm, "train_step", lambda *a, **kw: None)
+    cuda = torch.device("cuda", 0)
+    res = comm.measure_comm((None, None, None, None), compiled, 2, None, None, cuda)
+    assert res.comm_times == pytest.approx([NCCL_STEP_S] * 2, rel=1e-12)
+    assert len(res.step_times) == 2
+    assert all(torch.profiler.ProfilerActivity.CUDA in a for a in asked) and asked
+    if compiled:  # counted from the host ops as on CPU
+        assert (res.collectives_per_step, res.bytes_per_step) == (1, 4 * 8 * 4)

@@ -16,6 +16,7 @@ from boost_titan.step_profile import (
     Event,
     collect,
     executed_flops,
+    from_kineto,
     scalars,
     summary,
 )
@@ -46,7 +47,7 @@ def _events() -> list[Event]:
             concrete=[None, "sum", "0"],
         ),
         _host("c10d::allreduce_", 210, 250, correlation=76),
-        _host("cudaLaunchKernel", 220, 230, correlation=77),
+        _host("cudaLaunchKernel", 220, 230, correlation=76, runtime=True),
         _host("_c10d_functional::wait_tensor", 270, 290, shapes=[[4, 8]], dtypes=["float"]),
         _host("aten::mm", 300, 350, flops=1000),
         # an op on DTensors: recorded at the global shape, the local op inside it
@@ -70,8 +71,8 @@ def _events() -> list[Event]:
             concrete=[None, 4, "0"],
         ),
         # after the backward: an FSDP-style c10d collective and the grad-norm all-reduce
-        _host("c10d::_allgather_base_", 850, 900),
-        _host("cudaLaunchKernel", 860, 870, correlation=88),
+        _host("c10d::_allgather_base_", 850, 900, correlation=88),
+        _host("cudaLaunchKernel", 860, 870, correlation=88, runtime=True),
         _host(
             "_c10d_functional::all_reduce",
             910,
@@ -131,7 +132,7 @@ def test_scalars_from_device_kernels_closed_form():
     is what no compute kernel covers; annotations and copies are not compute."""
     events = _events() + [
         Event("boost/step", 0, 5000, device=True, annotation=True),
-        Event("ncclDevKernel_AllReduce_Sum_f32", 1200, 1300, device=True, correlation=77),
+        Event("ncclDevKernel_AllReduce_Sum_f32", 1200, 1300, device=True, correlation=76),
         Event("sm90_xmma_gemm", 1250, 1400, device=True, correlation=5),
         Event("Memcpy DtoD", 1290, 1300, device=True),
         Event("ncclDevKernel_AllGather", 1500, 1550, device=True, correlation=88),
@@ -142,6 +143,183 @@ def test_scalars_from_device_kernels_closed_form():
     assert s["comm/other_ms"] == pytest.approx(0.05)
     assert s["comm/exposed_ms"] == pytest.approx(0.05 + 0.05)  # 50 us hidden under the GEMM
     assert s["tp/collectives"] == 2.0  # counted from the host ops, as on CPU
+
+
+class _KinetoEvent:
+    """What :func:`from_kineto` reads of torch's ``_KinetoEvent`` (times given in us).
+    CPU ops and record_function ranges carry their own correlation id (the ops' counter)
+    and linked id 0; the CUDA runtime's host calls (``cudaLaunchKernel``) and the kernels
+    carry CUPTI's correlation id (another counter, the same for a launch and its kernel)
+    and, linked, the id of the CPU op they were launched from."""
+
+    def __init__(self, name, start, end, corr, linked=0, *, activity="cpu_op", **kw):
+        self._name, self._start, self._end = name, start, end
+        self._corr, self._linked, self._activity = corr, linked, activity
+        self._thread = kw.get("thread", 1)
+        self._shapes, self._dtypes = kw.get("shapes", []), kw.get("dtypes", [])
+        self._concrete = kw.get("concrete", [])
+
+    def name(self):
+        return self._name
+
+    def device_type(self):
+        from torch.autograd import DeviceType
+
+        device = self._activity in ("kernel", "gpu_memcpy", "gpu_user_annotation")
+        return DeviceType.CUDA if device else DeviceType.CPU
+
+    def activity_type(self):
+        return self._activity
+
+    def start_ns(self):
+        return int(self._start * 1000)
+
+    def end_ns(self):
+        return int(self._end * 1000)
+
+    def start_thread_id(self):
+        return self._thread
+
+    def correlation_id(self):
+        return self._corr
+
+    def linked_correlation_id(self):
+        return self._linked
+
+    def is_async(self):
+        return False
+
+    def is_user_annotation(self):
+        return self._activity in ("user_annotation", "gpu_user_annotation")
+
+    def shapes(self):
+        return self._shapes
+
+    def dtypes(self):
+        return self._dtypes
+
+    def concrete_inputs(self):
+        return self._concrete
+
+    def flops(self):
+        return 0
+
+    def sequence_nr(self):
+        return -1
+
+
+def _launch(name, start, end, cupti, op, kernel_start, kernel_end, thread=1):
+    """A host runtime call inside CPU op ``op`` and the kernel it launched."""
+    return [
+        _KinetoEvent(
+            "cudaLaunchKernel", start, end, cupti, op, activity="cuda_runtime", thread=thread
+        ),
+        _KinetoEvent(name, kernel_start, kernel_end, cupti, op, activity="kernel"),
+    ]
+
+
+_ALL_REDUCE_4x8 = dict(
+    shapes=[[4, 8], [], []], dtypes=["float", "", ""], concrete=[None, "sum", "0"]
+)
+
+
+def _gpu_trace() -> list[_KinetoEvent]:
+    """One GPU step (us): the host queues the forward's kernels far ahead of the device
+    (its first backward op starts at 400, the device finishes the forward at 3000); op ids
+    and CUPTI ids collide (CUPTI id 5 is the grad-norm launch, op 5 the forward's c10d
+    all-reduce). Thread 2 is autograd's device thread."""
+    K = _KinetoEvent
+    ar = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    return [
+        K(STEP, 0, 10000, 1, activity="user_annotation"),
+        K(WINDOW, 100, 5000, 2, activity="user_annotation"),
+        K(STEP, 0, 10000, 100, 1, activity="gpu_user_annotation"),  # not compute
+        K("aten::mm", 200, 220, 3),
+        *_launch("sm90_xmma_gemm", 205, 215, 10, 3, 300, 2000),
+        K("_c10d_functional::all_reduce", 230, 260, 4, **_ALL_REDUCE_4x8),
+        K("c10d::allreduce_", 235, 255, 5),
+        *_launch(ar, 240, 250, 11, 5, 2000, 2400),
+        K("_c10d_functional::wait_tensor", 270, 280, 6),
+        K("aten::mm", 300, 320, 7),
+        *_launch("sm90_xmma_gemm", 305, 315, 12, 7, 2400, 3000),
+        # a pipeline-style send: its kernel waits on the peer on NCCL's stream, beside
+        # the compute; it must not move the phase boundary
+        K("c10d::send", 330, 340, 15),
+        *_launch("ncclDevKernel_SendRecv", 332, 338, 17, 15, 350, 4800),
+        # backward, on autograd's device thread
+        K(f"{BACKWARD}: MmBackward0", 400, 600, 8, thread=2),
+        K("aten::mm", 420, 440, 9, thread=2),
+        *_launch("sm90_xmma_gemm", 425, 435, 13, 9, 3000, 4100, thread=2),
+        K("_c10d_functional::all_reduce", 450, 480, 10, thread=2, **_ALL_REDUCE_4x8),
+        K("c10d::allreduce_", 455, 475, 11, thread=2),
+        *_launch(ar, 460, 470, 14, 11, 4000, 4500, thread=2),
+        K("cudaDeviceSynchronize", 4900, 4990, 16, 2, activity="cuda_runtime"),
+        # after the forward/backward: the grad-norm all-reduce (not TP)
+        K(
+            "_c10d_functional::all_reduce",
+            5100,
+            5150,
+            12,
+            shapes=[[1], [], []],
+            dtypes=["float", "", ""],
+            concrete=[None, "sum", "0"],
+        ),
+        K("c10d::allreduce_", 5110, 5140, 13),
+        *_launch(ar, 5120, 5130, 5, 13, 5200, 5300),
+    ]
+
+
+def _profiled(kineto_events):
+    from types import SimpleNamespace
+
+    results = SimpleNamespace(events=lambda: kineto_events)
+    return SimpleNamespace(profiler=SimpleNamespace(kineto_results=results))
+
+
+def test_gpu_trace_device_side_phases_and_nccl_attribution():
+    """GPU: a NCCL kernel belongs to the CPU op it was launched from (runtime calls'
+    CUPTI ids collide with op ids and are never keyed on), and forward ends when the
+    device has finished the kernels launched before the host's first backward op."""
+    events = from_kineto(_profiled(_gpu_trace()))
+    launch = next(e for e in events if e.name == "cudaLaunchKernel" and e.start == 5120)
+    assert launch.runtime and launch.correlation == 13 and not launch.device
+    ev = collect(events, device=True)
+    # forward: the gemms launched before 400 end at 2000 and 3000 and the TP
+    # all-reduce's kernel at 2400 on the device (the send's 4800 is not phase work)
+    assert ev.backward_starts == [3000.0]
+    s = scalars(ev, device=True)
+    expected = {
+        "time/step_ms": 10.0,
+        "time/forward_ms": 2.9,  # 100 -> 3000, not the host's 100 -> 400
+        "time/backward_ms": 2.0,  # 3000 -> 5000
+        "time/optimizer_ms": 5.0,
+        "tp/comm_forward_ms": 0.4,  # kernel 2000-2400, launched from op 5
+        "tp/comm_backward_ms": 0.5,  # 4000-4500
+        "tp/compute_forward_ms": 2.5,
+        "tp/compute_backward_ms": 1.5,
+        "tp/comm_share_pct": 9.0,
+        "tp/bytes_MiB": 2 * 128 / MIB,
+        "tp/collectives": 2.0,
+        "comm/other_ms": 4.55,  # send 350-4800 (covers both TP kernels) + grad norm 0.1
+        # comm 350-4800 and 5200-5300 less the gemms 350-2000, 2400-3000, 3000-4100
+        "comm/exposed_ms": 4.55 - (1.65 + 0.6 + 1.1),
+    }
+    assert s == pytest.approx(expected, rel=1e-9)
+    # interleaved (pipeline) schedules: the backward node 400-600 runs on the device
+    # from 3000 until its gemm and its TP all-reduce are done, 4500
+    s = scalars(ev, device=True, interleaved=True)
+    assert s["time/backward_ms"] == pytest.approx(1.5)
+    assert s["time/forward_ms"] == pytest.approx(4.9 - 1.5)
+
+
+def test_gpu_trace_on_cpu_keeps_host_phases():
+    """The same trace read as a CPU run (device=False): phases and collective time from
+    host ops, as before."""
+    s = scalars(collect(from_kineto(_profiled(_gpu_trace())), device=False), device=False)
+    assert s["time/forward_ms"] == pytest.approx(0.3)
+    assert s["time/backward_ms"] == pytest.approx(4.6)
+    assert s["tp/comm_forward_ms"] == pytest.approx(0.03 + 0.01)  # all-reduce + wait
+    assert s["tp/comm_backward_ms"] == pytest.approx(0.03)
 
 
 def test_executed_flops_of_a_model_closed_form():

@@ -1,16 +1,24 @@
 """Collectives of a variant's step, counted and timed in instrumented (untimed) steps.
 
 Eager variants go through ``boost_titan.comm_stats``' dispatch-mode hook: one step under
-``CommCounter`` counts collectives and bytes, then ``--comm-steps`` steps under
-``CollectiveHook(timed=True)`` time them (the same hook, timing only, so no module tracking
+``CommCounter`` counts collectives and bytes, then ``--comm-steps`` steps time them (on
+CPU under ``CollectiveHook(timed=True)``: the same hook, timing only, so no module tracking
 slows those steps). Compiled variants refuse dispatch modes: torch.profiler counts and times
 their functional collectives, named as ``comm_stats`` names them.
+
+Collective *time* depends on the device. On CPU (gloo) a collective blocks the calling
+thread, so its time is the host's wall time in collectives and their waits. On GPUs
+(NCCL) a collective and its wait only enqueue work and return at once: the time is the
+NCCL kernels' time on the device (:func:`device_comm_seconds`), from torch.profiler's
+CUDA activity in the timed steps, eager and compiled alike.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 from boost_titan.bench.variants import sync, train_step
 from boost_titan.comm_stats import (
@@ -21,6 +29,7 @@ from boost_titan.comm_stats import (
     profiled_bytes,
     profiler_op,
 )
+from boost_titan.step_profile import length
 
 
 @dataclass
@@ -32,7 +41,9 @@ class CommMeasurement:
     step_times: list[float] = field(
         default_factory=list
     )  # wall time of each timed instrumented step
-    comm_times: list[float] = field(default_factory=list)  # time in collectives and waits during it
+    # time in collectives during it: host time in them and their waits (gloo), NCCL
+    # kernel time on the device (GPU)
+    comm_times: list[float] = field(default_factory=list)
 
 
 def measure_comm(built, compiled: bool, comm_steps: int, tokens, labels, device) -> CommMeasurement:
@@ -48,6 +59,12 @@ def measure_comm(built, compiled: bool, comm_steps: int, tokens, labels, device)
     for r in counter.records:
         res.volume_per_step += r.volume
         _add(res.by_op, r.op, r.nbytes)
+    if device.type == "cuda":
+        for _ in range(comm_steps):
+            step_s, kernels = _device_profiled_step(model, opt, tokens, labels, loss_fn, device)
+            res.step_times.append(step_s)
+            res.comm_times.append(device_comm_seconds(kernels))
+        return res
     for _ in range(comm_steps):
         sync(device)
         timer = CollectiveHook(timed=True)
@@ -70,9 +87,12 @@ def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement
 
     model, opt, _, loss_fn = built
     res = CommMeasurement()
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
     for i in range(max(comm_steps, 1)):  # the first profiled step also counts
         sync(device)
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with profile(activities=activities, record_shapes=True) as prof:
             t0 = time.perf_counter()
             train_step(model, opt, tokens, labels, loss_fn)
             sync(device)
@@ -95,8 +115,38 @@ def _profiled(built, comm_steps: int, tokens, labels, device) -> CommMeasurement
                 _add(res.by_op, op, nbytes)
         if i < comm_steps:
             res.step_times.append(step_s)
-            res.comm_times.append(sum(e.cpu_time_total for e in events) / 1e6)
+            if device.type == "cuda":
+                res.comm_times.append(device_comm_seconds(prof.profiler.kineto_results.events()))
+            else:
+                res.comm_times.append(sum(e.cpu_time_total for e in events) / 1e6)
     return res
+
+
+def _device_profiled_step(model, opt, tokens, labels, loss_fn, device):
+    """One training step under torch.profiler's CUDA activity (kernels only, no host
+    ops): its wall time (s) and its kineto events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        train_step(model, opt, tokens, labels, loss_fn)
+        sync(device)
+        step_s = time.perf_counter() - t0
+    return step_s, prof.profiler.kineto_results.events()
+
+
+def device_comm_seconds(kineto_events) -> float:
+    """Seconds the device spent in NCCL kernels: the union of their spans, so kernels
+    that overlap on several streams count once. Host events (a ``nccl:all_reduce``
+    range, the runtime's launch calls) take no device time and are left out."""
+    cpu = torch.autograd.DeviceType.CPU
+    spans = [
+        (e.start_ns(), e.end_ns())
+        for e in kineto_events
+        if e.device_type() != cpu and "nccl" in e.name().lower()
+    ]
+    return length(spans) / 1e9
 
 
 def _add(by_op: dict, op: str, nbytes: int) -> None:
