@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from compile_check import FIELDS, run_cases
+from compile_check import FIELDS, as_row, run_cases
 
 # measured (fp32, inductor on CPU): losses agree to <= 3e-7 relative, grad norms to
 # <= 2e-7; inductor fuses and reorders reductions, so bitwise equality is not expected
 LOSS_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-5
 # bf16 (autocast): compiled and eager round different intermediates to bf16 (inductor
-# keeps fused values in fp32); measured <= 6e-5 relative (12-block CoLA, BTP TP2)
+# keeps fused values in fp32); measured <= 1e-4 relative (12-block CoLA, BTP TP2)
 TOLERANCES = {"float32": (LOSS_RTOL, GRAD_NORM_RTOL), "bfloat16": (5e-4, 5e-4)}
 
 # plan, arch, flavor, latent_checkpoint, keep, [activation_checkpoint] mode, optimizer,
@@ -125,7 +125,7 @@ def test_compiled_equals_eager_on_tp2_ranks(tmp_path):
     # disk (the first launch may have too, from an earlier run). Before rank-local caches,
     # each rank loaded whichever rank's loss-parallel graph was written last (its vocabulary
     # offset baked in): 16.75 vs 9.42.
-    assert all(case[-1] == "inductor" for case in WARM)
+    assert all(as_row(case)["backend"] == "inductor" for case in WARM)
     warm = run_cases(WARM, str(tmp_path / "warm"), cache)
     for row in warm:
         _assert_same(row)
