@@ -499,6 +499,28 @@ def test_update_from_config_overrides():
     assert e.rank == 24 and e.max_seq_len == 48
 
 
+def test_rope_table_covers_longer_validation_sequences():
+    """Validation may run longer sequences than training (the debug configs: 256 vs a
+    user's --training.seq_len 128): the RoPE table covers both, and its first positions
+    are the ones a training-length table holds (so training numerics do not change)."""
+    job = fake_job(Boost(), seq_len=16)
+    short = small_args("cola")
+    short.update_from_config(job)
+    job.validation = SimpleNamespace(enable=True, seq_len=40)
+    long = small_args("cola")
+    long.update_from_config(job)
+    assert (short.max_seq_len, long.max_seq_len) == (16, 40)
+    tokens = torch.randint(0, long.vocab_size, (1, 40))
+    model = build(long, seed=3)
+    model(tokens)  # a validation-length batch runs (it used to hit an AssertionError)
+    table = Transformer(short).freqs_cis
+    assert torch.equal(model.freqs_cis[:16], table)
+    job.validation.enable = False
+    off = small_args("cola")
+    off.update_from_config(job)
+    assert off.max_seq_len == 16
+
+
 def test_update_from_config_rejects_bad_values():
     with pytest.raises(ValueError, match="rank 65"):
         small_args("cola").update_from_config(fake_job(Boost(rank=65)))

@@ -135,7 +135,13 @@ class LlamaArgs(BaseModelArgs):
     def update_from_config(self, job_config, **kwargs) -> None:
         from boost_titan.config import validate_boost_config
 
+        # RoPE's table must cover the longest sequence the model sees: validation may run
+        # longer sequences than training (torchtitan sizes it by training's alone, and a
+        # validation step then dies on a bare AssertionError in reshape_for_broadcast)
         self.max_seq_len = job_config.training.seq_len
+        validation = getattr(job_config, "validation", None)
+        if validation is not None and validation.enable:
+            self.max_seq_len = max(self.max_seq_len, validation.seq_len)
         boost = getattr(job_config, "boost", None)
         if boost is not None:
             validate_boost_config(boost)
