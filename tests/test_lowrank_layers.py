@@ -278,6 +278,21 @@ def test_block_parameters_do_not_depend_on_grouping():
         assert torch.equal(sd[True][k], sd[False][k]), k
 
 
+@pytest.mark.parametrize("arch", ["cola", "lax"])
+def test_raw_gradients_have_their_parameters_layout(arch):
+    """Gradients as autograd computes them (before AccumulateGrad copies them into the
+    parameter's layout) are contiguous, grouped B's included: zero-bubble pipeline
+    schedules assign them to ``.grad`` as they come, and CPU fused AdamW misreads a
+    non-contiguous one (CoLA/LaX trained wrong from step 2)."""
+    a = small_args(arch, 2, n_layers=2, group_linears=True)
+    m = build(a, seed=6)
+    params = dict(m.named_parameters())
+    loss = m(torch.randint(0, a.vocab_size, (2, 13))).float().pow(2).mean()
+    grads = torch.autograd.grad(loss, list(params.values()))
+    bad = [n for (n, p), g in zip(params.items(), grads) if g.stride() != p.stride()]
+    assert not bad, bad
+
+
 @pytest.mark.parametrize("arch", ["svd", "cola"])
 def test_transformer_matches_reference(arch):
     a = small_args(arch, 2, n_layers=2)

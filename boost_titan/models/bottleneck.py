@@ -227,6 +227,25 @@ def down_finish(latents, stats, projs, norm=None, dim=0) -> list[torch.Tensor]:
     return latents
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous.
+
+    ``bmm(z, w.transpose(1, 2))`` gives ``w`` (the stacked B's, [n, out, r]) a gradient
+    with transposed strides, and each B's slice of it keeps them. Autograd copies such a
+    gradient into the parameter's layout when it accumulates it, but pipeline schedules
+    with a split backward (zero-bubble) assign ``weight.grad = dw`` as it comes, and
+    torch's fused AdamW on CPU misreads a non-contiguous gradient: CoLA/LaX trained
+    silently wrong from step 2. One copy here, the one autograd would make anyway."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
 def up_group(
     latents: list[torch.Tensor],
     projs: list[Bottleneck],
@@ -261,7 +280,7 @@ def up_group(
         if j - i == 1:
             outs.append(F.linear(zs[i], local(projs[i].up.weight)))
         else:
-            w = torch.stack([local(p.up.weight) for p in projs[i:j]])  # [n, out, r]
+            w = _ContiguousGrad.apply(torch.stack([local(p.up.weight) for p in projs[i:j]]))
             lead = zs[i].shape[:-1]
             zb = torch.stack([t.reshape(-1, t.shape[-1]) for t in zs[i:j]])  # [n, N, r]
             yb = torch.bmm(zb, w.transpose(1, 2))
