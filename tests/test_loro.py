@@ -216,3 +216,18 @@ def test_exact_dtype_is_checked_at_parse_time():
         r"choose one of \['float64', 'float32'\]",
     ):
         parse_config([*base, "--optimizer.loro_exact_dtype", "half"])
+
+
+def test_bench_pair_mode_extrapolates_the_spread_svd():
+    """``python -m boost_titan.bench.loro --pair``'s model at the debug flavor (TP2 x
+    FSDP2: 4 ranks share each pair): spreading saves (pairs - ceil(pairs / 4)) SVDs."""
+    from boost_titan.bench.loro import pair_report, report_pair
+
+    res = pair_report("debugmodel", 2, 2, 1, 1, 0.4)
+    assert res["pairs"] == 28 and res["shapes"]["256x256x64"] == ["wq", "wk", "wv", "wo"]
+    for dtype in ("float64", "float32"):
+        f = res[dtype]
+        assert f["svd"] > 0 and f["rest"] > 0
+        saved = f["exact_replicated"] - f["exact_spread"]
+        assert saved == pytest.approx((28 - 7) * f["svd"])
+    assert "K = 200" in report_pair(res) and "spread over 4 ranks" in report_pair(res)
