@@ -209,7 +209,7 @@ class LORO(torch.optim.Optimizer):
         return loss
 
     def _batches(self, todo: list) -> list[tuple[list[manifold.Group], list]]:
-        """Consecutive exact-step pairs that share one rank group and one rank, at most
+        """Consecutive exact-step pairs that share one rank group and one r, at most
         one per rank of the group (one batch per pair when not spread)."""
         batches = []
         for item in todo:
