@@ -26,6 +26,7 @@ LATENT_CHECKPOINT_KEEP = ("attention", "none")
 NAN_POLICIES = ("stop", "skip")
 OPTIMIZERS = ("Adam", "AdamW", "LORO")
 LORO_REFRESH = ("all", "factors", "regular", "none")
+LORO_EXACT_DTYPES = ("float64", "float32")
 
 
 @dataclass
@@ -122,6 +123,11 @@ class Optimizer:
     loro_restart_warmup: int = 5
     """After each exact step the learning rate restarts near 0 and ramps back linearly
     over this many steps (the reference's cosine_restart warm-up); 0 disables."""
+
+    loro_exact_dtype: str = "float64"
+    """Precision of the exact step's QRs, solves and SVD: "float64" (exact to fp32
+    rounding whatever the layout) or "float32" (the reference's: cheaper, W = B A within
+    ~1e-6 relative of float64)."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ Real gloo ranks (TP2, TP2 x FSDP2, PP2) and training runs are in test_loro_ranks
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from torch.distributed._local_tensor import LocalTensorMode  # noqa: E402
 from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: E402
 from tp_sim import fake_world, plain, plan_fn, reference_model, small_args  # noqa: E402
 
+from boost_titan.models.bottleneck import Bottleneck  # noqa: E402
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for  # noqa: E402
 from boost_titan.optim.loro import LORO  # noqa: E402
 
@@ -58,9 +60,10 @@ def _grads(model, seed=1):
     return {n: torch.randn(p.shape, generator=g) * 1e-2 for n, p in model.named_parameters()}
 
 
-def _single_step(model, grads, exact: bool, steps: int = 1):
+def _single_step(model, grads, exact: bool, steps: int = 1, **kw):
     model = copy.deepcopy(model)
-    opt = LORO(model, model_dim=model.model_args.dim, exact_every=1 if exact else 10**6, **HP)
+    kw = {**HP, **kw}
+    opt = LORO(model, model_dim=model.model_args.dim, exact_every=1 if exact else 10**6, **kw)
     for _ in range(steps):
         for n, p in model.named_parameters():
             p.grad = grads[n].clone()
@@ -152,7 +155,9 @@ def _simulated_step(ref, grads, plan: str, tp: int, exact: bool):
 @pytest.mark.parametrize("plan", ["btp", "vanilla"])
 def test_simulated_tp4_step_equals_single_device(plan, exact):
     """BTP splits both factors by rows (TSQR, r x r all-reduces); vanilla splits r (the
-    factors are gathered for the exact step). Factors, not only W, must match."""
+    factors are gathered for the exact step). Factors, not only W, must match. The core
+    SVDs are spread over the 4 ranks (14 pairs: batches 4, 4, 4, 2); that this is bitwise
+    the replicated step is checked on real ranks (test_loro_ranks.py)."""
     ref = reference_model(svd_args())
     grads = _grads(ref)
     want, _ = _single_step(ref, grads, exact)
@@ -160,3 +165,57 @@ def test_simulated_tp4_step_equals_single_device(plan, exact):
     for n, p in want.named_parameters():
         rel = ((got[n] - p).abs().max() / p.abs().max()).item()
         assert rel < 1e-5, (n, rel)
+
+
+def test_exact_float32_matches_float64():
+    """exact_dtype "float32" (the reference's) against the default float64 on one device,
+    per factor pair: W = B A agrees to ~1e-6 relative (measured 1.3e-6), the factors to
+    ~1e-5 (singular vectors are more sensitive: measured 4e-5). An unknown dtype is
+    refused by name."""
+    ref = reference_model(svd_args())
+    grads = _grads(ref)
+    want, _ = _single_step(ref, grads, True)
+    got, _ = _single_step(ref, grads, True, exact_dtype="float32")
+    rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
+    w_err, f_err = [], []
+    for name, mod in want.named_modules():
+        if not isinstance(mod, Bottleneck):
+            continue
+        other = got.get_submodule(name)
+        W = mod.up.weight.double() @ mod.down.weight.double()
+        w_err.append(rel(other.up.weight.double() @ other.down.weight.double(), W))
+        f_err += [rel(other.up.weight, mod.up.weight), rel(other.down.weight, mod.down.weight)]
+    print(f"\nfloat32 vs float64 exact step: W {max(w_err):.1e}, factors {max(f_err):.1e}")
+    assert len(w_err) == 14 and 0 < max(w_err) < 3e-6 and max(f_err) < 1e-4
+    with pytest.raises(ValueError, match=r"exact_dtype 'bfloat16' is not valid; choose one of"):
+        LORO(ref, model_dim=128, exact_every=1, exact_dtype="bfloat16", **HP)
+
+
+def test_exact_dtype_is_checked_at_parse_time():
+    from boost_titan.train import parse_config
+
+    toml = Path(__file__).resolve().parents[1] / "train_configs" / "debug_svd_loro.toml"
+    base = ["--job.config_file", str(toml)]
+    cfg = parse_config([*base, "--optimizer.loro_exact_dtype", "float32"])
+    assert cfg.optimizer.loro_exact_dtype == "float32"
+    with pytest.raises(
+        ValueError,
+        match=r"\[optimizer\] loro_exact_dtype = 'half' is not valid; "
+        r"choose one of \['float64', 'float32'\]",
+    ):
+        parse_config([*base, "--optimizer.loro_exact_dtype", "half"])
+
+
+def test_bench_pair_mode_extrapolates_the_spread_svd():
+    """``python -m boost_titan.bench.loro --pair``'s model at the debug flavor (TP2 x
+    FSDP2: 4 ranks share each pair): spreading saves (pairs - ceil(pairs / 4)) SVDs."""
+    from boost_titan.bench.loro import pair_report, report_pair
+
+    res = pair_report("debugmodel", 2, 2, 1, 1, 0.4)
+    assert res["pairs"] == 28 and res["shapes"]["256x256x64"] == ["wq", "wk", "wv", "wo"]
+    for dtype in ("float64", "float32"):
+        f = res[dtype]
+        assert f["svd"] > 0 and f["rest"] > 0
+        saved = f["exact_replicated"] - f["exact_spread"]
+        assert saved == pytest.approx((28 - 7) * f["svd"])
+    assert "K = 200" in report_pair(res) and "spread over 4 ranks" in report_pair(res)

@@ -55,23 +55,30 @@ def _check(exact: bool, tp_mesh, dp_mesh):
     from tp_sim import plan_fn, reference_model
 
     from boost_titan.optim.loro import LORO
-    from boost_titan.optim.manifold import tall_layout
+    from boost_titan.optim.manifold import group_size, share_groups, tall_layout
 
     layout = f"{'TP2' if tp_mesh else ''}{' x ' if tp_mesh and dp_mesh else ''}"
     layout += f"FSDP{dp_mesh.size()}" if dp_mesh else ""
     ref = reference_model(svd_args(), seed=0)
     grads = _grads(ref)
     want, _ = _single_step(ref, grads, exact)
-    model = copy.deepcopy(ref)
-    if tp_mesh is not None:
-        plan_fn("btp")(model, tp_mesh)
-    if dp_mesh is not None:
-        for block in model.layers.values():
-            fully_shard(block, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
-    for n, p in model.named_parameters():
-        g = grads[n]
-        p.grad = distribute_tensor(g, p.device_mesh, p.placements) if isinstance(p, DTensor) else g
+
+    def parallel():
+        model = copy.deepcopy(ref)
+        if tp_mesh is not None:
+            plan_fn("btp")(model, tp_mesh)
+        if dp_mesh is not None:
+            for block in model.layers.values():
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(model, mesh=dp_mesh)
+        for n, p in model.named_parameters():
+            g = grads[n]
+            p.grad = (
+                distribute_tensor(g, p.device_mesh, p.placements) if isinstance(p, DTensor) else g
+            )
+        return model
+
+    model = parallel()
     # the layouts the exact step sees: row-split mesh dims (TSQR) vs rank-split (gathered)
     wq = model.layers["0"].attention.wq
     up, down = tall_layout(wq.up.weight, 0, "up"), tall_layout(wq.down.weight, 1, "down")
@@ -87,6 +94,16 @@ def _check(exact: bool, tp_mesh, dp_mesh):
         full = p.full_tensor() if isinstance(p, DTensor) else p
         rel = ((full - q).abs().max() / q.abs().max()).item()
         assert rel < 1e-5, (layout, "exact" if exact else "lazy", n, rel)
+    if not exact:
+        return
+    # each core SVD on one rank of the pair's group (TP2: 2 ranks; FSDP: all 4) equals
+    # every rank doing every SVD, bit for bit
+    groups = share_groups(wq.up.weight, wq.down.weight, "wq")
+    assert group_size(groups) == {"TP2": 2, "TP2 x FSDP2": 4, "FSDP4": 4}[layout]
+    replicated = parallel()
+    LORO(replicated, model_dim=ref.model_args.dim, exact_every=1, spread=False, **HP).step()
+    for (n, p), q in zip(model.named_parameters(), replicated.parameters()):
+        assert torch.equal(p.to_local(), q.to_local()), (layout, n)
 
 
 def test_step_on_ranks_equals_single_device(tmp_path):
@@ -167,7 +184,8 @@ def test_layout_matches_reference_run(layout, loro_seed, request, tmp_path):
 def test_bench_counts_the_exact_step_collectives(tmp_path):
     """The cost benchmark on 2 ranks (smoke shape: 2 blocks x 7 pairs, r = 32): the
     exact step issues per pair 4 TSQR all-gathers of r x r float64 R factors (2 ranks:
-    2 r^2 gathered) and 2 all-reduces of r x r, and nothing else."""
+    2 r^2 gathered) and 2 all-reduces of r x r, per 2 pairs one all-gather of the two
+    cores' 2r x r factor pairs (each rank factored one core), and nothing else."""
     import json
     import subprocess
     import sys
@@ -179,7 +197,10 @@ def test_bench_counts_the_exact_step_collectives(tmp_path):
     res = json.loads(out.read_text())
     pairs, r = 14, 32
     assert res["exact_ops"] == {
-        "all_gather_into_tensor": [4 * pairs, 4 * pairs * 2 * r * r * 8],
+        "all_gather_into_tensor": [
+            4 * pairs + pairs // 2,
+            (4 * pairs * 2 * r * r + pairs // 2 * 2 * 2 * (2 * r) * r) * 8,
+        ],
         "all_reduce": [2 * pairs, 2 * pairs * r * r * 8],
     }
     assert "K = 500" in proc.stdout and "exact step" in proc.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from boost_titan.config import LORO_REFRESH, OPTIMIZERS
+from boost_titan.config import LORO_EXACT_DTYPES, LORO_REFRESH, OPTIMIZERS
 from boost_titan.config_check.common import _at_least, bad
 
 
@@ -90,6 +90,13 @@ def _check_loro(config) -> None:
             "loro_refresh",
             o.loro_refresh,
             f"is not valid; choose one of {list(LORO_REFRESH)}",
+        )
+    if o.loro_exact_dtype not in LORO_EXACT_DTYPES:
+        raise bad(
+            "optimizer",
+            "loro_exact_dtype",
+            o.loro_exact_dtype,
+            f"is not valid; choose one of {list(LORO_EXACT_DTYPES)}",
         )
     if not (o.loro_lr_scaler == -1 or (o.loro_lr_scaler >= 0 and math.isfinite(o.loro_lr_scaler))):
         raise bad(

@@ -37,6 +37,7 @@ def loro_kwargs(config) -> dict:
         lr_scaler=config.loro_lr_scaler,
         refresh=config.loro_refresh,
         restart_warmup=config.loro_restart_warmup,
+        exact_dtype=config.loro_exact_dtype,
     )
 
 

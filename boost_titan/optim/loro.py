@@ -23,10 +23,13 @@ Weight decay follows the reference: after the update, ``p -= step * wd * p`` for
 param groups (``loro_step``) so that a DCP checkpoint resumes the exact-step schedule.
 
 Parameters and states may be DTensors of any layout: elementwise work runs on local
-shards; the exact step runs on row shards with small collectives (see manifold.py), in
-float64: its QRs, triangular solves and SVD are then exact to fp32 rounding whatever
-the layout (in fp32, TP4 and one device differed by 3e-5 in the factors), at a cost paid
-once every K steps.
+shards; the exact step runs on row shards with small collectives (see manifold.py), and
+each pair's 2r x 2r SVD on one rank of the ranks that hold the pair (``spread``; bitwise
+the same as every rank doing it). ``exact_dtype`` "float64" (default): its QRs,
+triangular solves and SVD are then exact to fp32 rounding whatever the layout (in fp32,
+TP4 and one device differed by 3e-5 in the factors); "float32" is the reference's
+(within ~1e-6 of float64 on the debug model) and cheaper, at a cost paid once every K
+steps.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ REFRESH = {
     "regular": ("regular",),
     "none": (),
 }
+EXACT_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 RESTART_FLOOR = 1e-6  # lr multiplier right after an exact step (the reference's eps)
 
 
@@ -97,7 +101,14 @@ class LORO(torch.optim.Optimizer):
         refresh: str,
         restart_warmup: int,
         model_dim: int,
+        exact_dtype: str = "float64",
+        spread: bool = True,
     ):
+        if exact_dtype not in EXACT_DTYPES:
+            raise ValueError(
+                f"LORO: exact_dtype {exact_dtype!r} is not valid; choose one of "
+                f"{list(EXACT_DTYPES)}"
+            )
         self.pairs = factor_pairs(model, lr_scaler, model_dim)
         factor_ids = {id(p) for pair in self.pairs for p in (pair.up, pair.down)}
         params = [p for p in model.parameters() if p.requires_grad]
@@ -109,6 +120,8 @@ class LORO(torch.optim.Optimizer):
         super().__init__([g for g in groups if g["params"]], defaults)
         self.exact_every, self.refresh_kinds = exact_every, REFRESH[refresh]
         self.restart_warmup = restart_warmup
+        self.exact_dtype = EXACT_DTYPES[exact_dtype]
+        self.spread = spread  # exact step: each pair's core SVD on one rank of its group
         # states exist from the start: a checkpoint loads into them, and DCP never has
         # to run a dummy step to discover their shapes
         self._refresh(("regular", "factor"))
@@ -176,40 +189,69 @@ class LORO(torch.optim.Optimizer):
                 w.add_(direction, alpha=-step_size)
                 if wd > 0:
                     w.add_(w, alpha=-lr * wd)
+        todo = []
         for pair in self.pairs:
             if pair.up not in directions or pair.down not in directions:
                 continue
             (d_up, step_up, wd), (d_down, _, _) = directions[pair.up], directions[pair.down]
             if exact:
-                self._exact(pair, d_up, d_down, step_up)
-            else:
-                for p, d in ((pair.up, d_up), (pair.down, d_down)):
-                    w = _local(p)
-                    w.add_(d, alpha=-step_up * pair.lr_scaler)
-                    if wd > 0:
-                        w.add_(w, alpha=-step_up * wd)
+                todo.append((pair, d_up, d_down, step_up))
+                continue
+            for p, d in ((pair.up, d_up), (pair.down, d_down)):
+                w = _local(p)
+                w.add_(d, alpha=-step_up * pair.lr_scaler)
+                if wd > 0:
+                    w.add_(w, alpha=-step_up * wd)
+        for batch in self._batches(todo):
+            self._exact(batch)
         if exact:
             self._refresh(self.refresh_kinds)
         return loss
 
-    def _exact(self, pair: FactorPair, d_up, d_down, lr: float) -> None:
-        up, down = pair.up, pair.down
-        m_layout = manifold.tall_layout(up, 0, f"{pair.name}.up.weight")
-        n_layout = manifold.tall_layout(down, 1, f"{pair.name}.down.weight")
-        M, dM = _local(up), d_up
-        Nt, dNt = _local(down), d_down
-        if m_layout.gather:
-            M, dM = (manifold.gathered(t, up, m_layout.gather) for t in (M, dM))
-        if n_layout.gather:
-            Nt, dNt = (manifold.gathered(t, down, n_layout.gather) for t in (Nt, dNt))
-        dtype = M.dtype
-        M_new, N_new = manifold.retract(
-            M.double(), Nt.T.double(), dM.double(), dNt.T.double(), lr, m_layout.rows, n_layout.rows
-        )
-        M_new, Nt_new = M_new.to(dtype), N_new.T.to(dtype)
-        if m_layout.gather:
-            M_new = manifold.scattered(M_new, up, m_layout.gather)
-        if n_layout.gather:
-            Nt_new = manifold.scattered(Nt_new, down, n_layout.gather)
-        _local(up).copy_(M_new)
-        _local(down).copy_(Nt_new)
+    def _batches(self, todo: list) -> list[tuple[list[manifold.Group], list]]:
+        """Consecutive exact-step pairs that share one rank group and one r, at most
+        one per rank of the group (one batch per pair when not spread)."""
+        batches = []
+        for item in todo:
+            pair = item[0]
+            groups = manifold.share_groups(pair.up, pair.down, pair.name) if self.spread else []
+            key = (groups, pair.up.shape[1])
+            last = batches[-1] if batches else None
+            if last and last[0] == key and len(last[2]) < manifold.group_size(groups):
+                last[2].append(item)
+            else:
+                batches.append((key, groups, [item]))
+        return [(groups, items) for _, groups, items in batches]
+
+    def _exact(self, batch: tuple[list[manifold.Group], list]) -> None:
+        groups, items = batch
+        staged = []
+        for pair, d_up, d_down, lr in items:
+            up, down = pair.up, pair.down
+            m_layout = manifold.tall_layout(up, 0, f"{pair.name}.up.weight")
+            n_layout = manifold.tall_layout(down, 1, f"{pair.name}.down.weight")
+            M, dM = _local(up), d_up
+            Nt, dNt = _local(down), d_down
+            if m_layout.gather:
+                M, dM = (manifold.gathered(t, up, m_layout.gather) for t in (M, dM))
+            if n_layout.gather:
+                Nt, dNt = (manifold.gathered(t, down, n_layout.gather) for t in (Nt, dNt))
+            x = self.exact_dtype
+            *bases, core = manifold.tangent_core(
+                M.to(x), Nt.T.to(x), dM.to(x), dNt.T.to(x), lr, m_layout.rows, n_layout.rows
+            )
+            staged.append((pair, m_layout, n_layout, M.dtype, bases, core))
+        cores = [core for *_, core in staged]
+        if manifold.group_size(groups) > 1:
+            factors = manifold.shared_core_factors(cores, groups)
+        else:
+            factors = [manifold.core_factors(core) for core in cores]
+        for (pair, m_layout, n_layout, dtype, bases, _), fm_fn in zip(staged, factors):
+            M_new, N_new = manifold.finish(*bases, *fm_fn)
+            M_new, Nt_new = M_new.to(dtype), N_new.T.to(dtype)
+            if m_layout.gather:
+                M_new = manifold.scattered(M_new, pair.up, m_layout.gather)
+            if n_layout.gather:
+                Nt_new = manifold.scattered(Nt_new, pair.down, n_layout.gather)
+            _local(pair.up).copy_(M_new)
+            _local(pair.down).copy_(Nt_new)

@@ -9,8 +9,13 @@ what                            collective (row group)      elements per rank
 ==============================  ==========================  ==========================
 TSQR of M, N, Y1, Y2 (4x)       all-gather of r x r R's     4 * P * r^2 (received)
 K0 = (U^T G) V, U^T (G V)       all-reduce of r x r         2 * r^2
-core 2r x 2r SVD                none (replicated inputs)    -
+core 2r x 2r SVD, spread        all-gather of 2 (2r x r)    4 * r^2 (received)
 ==============================  ==========================  ==========================
+
+The core is the same on every rank that holds the pair (``share_groups``: the row
+groups, the gathered dimensions, replicas), so its SVD, the largest replicated piece, is
+spread: with G such ranks, G pairs at a time, each rank factors one core and one
+all-gather per mesh dimension exchanges the results (``shared_core_factors``).
 
 A mesh dimension that shards the rank dimension instead (FSDP2's ``Shard(0)`` of A,
 vanilla TP) is all-gathered once per exact step and re-sharded locally after it; the
@@ -24,6 +29,7 @@ its left vector positive, so the result does not depend on how rows are split.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -68,10 +74,11 @@ def svd_signed(core: torch.Tensor):
     return u * sign, s, vh * sign.T
 
 
-def retract(M, N, dM, dN, lr: float, m_groups: list[Group], n_groups: list[Group]):
-    """One exact LORO step on local rows (float64 from the caller): project the gradient
-    implied by the factor gradients onto the tangent space of the rank-r manifold at
-    W = M N^T, step by ``lr``, retract with a 2r x 2r SVD; returns balanced (M, N) rows."""
+def tangent_core(M, N, dM, dN, lr: float, m_groups: list[Group], n_groups: list[Group]):
+    """The exact step up to its SVD, on local rows: project the gradient implied by the
+    factor gradients onto the tangent space of the rank-r manifold at W = M N^T and step
+    by ``lr``. Returns ``(U, Q2, V, Q1, core)``: W_new = [U Q2] core [V Q1]^T, where
+    the 2r x 2r ``core`` is the same on every rank of the row groups."""
     r = M.shape[1]
     U, Rm = tsqr(M, m_groups)
     V, Rn = tsqr(N, n_groups)
@@ -87,11 +94,59 @@ def retract(M, N, dM, dN, lr: float, m_groups: list[Group], n_groups: list[Group
     core[:r, :r] = Rm @ Rn.T - lr * K0
     core[:r, r:] = -lr * K1.T
     core[r:, :r] = -lr * K2
+    return U, Q2, V, Q1, core
+
+
+def core_factors(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The core's rank-r truncation as two balanced 2r x r factors (u_r s_r^1/2, v_r s_r^1/2)."""
+    r = core.shape[0] // 2
     u, s, vh = svd_signed(core)
     root = s[:r].sqrt()
-    M_new = torch.cat([U, Q2], dim=1) @ (u[:, :r] * root)
-    N_new = torch.cat([V, Q1], dim=1) @ (vh[:r].T * root)
-    return M_new, N_new
+    return u[:, :r] * root, vh[:r].T * root
+
+
+def group_size(groups: list[Group]) -> int:
+    return math.prod(mesh.size(dim) for mesh, dim in groups)
+
+
+def shared_core_factors(cores: list[torch.Tensor], groups: list[Group]):
+    """:func:`core_factors` of each core, each computed on ONE rank of ``groups``: the
+    cores (identical on every rank of the groups, at most one per rank, all of one shape)
+    are taken round-robin, rank i (row-major over the groups) factors core i, and one
+    all-gather per mesh dimension hands every rank all the results. Bitwise equal to
+    factoring every core on every rank (same op on the same input, then a copy); ranks
+    past the last core repeat it (they would wait for the all-gather anyway)."""
+    size = group_size(groups)
+    if not 0 < len(cores) <= size:
+        raise ValueError(f"shared_core_factors: {len(cores)} cores for {size} ranks")
+    i = 0
+    for mesh, dim in groups:
+        i = i * mesh.size(dim) + mesh.get_local_rank(dim)
+    padded = cores + [cores[-1]] * (size - len(cores))
+    if isinstance(i, int):
+        mine = padded[i]
+    else:  # LocalTensorMode (tests): the rank is per-rank symbolic, pick by slicing
+        n = cores[0].shape[0]
+        mine = torch.cat(padded)[i * n : (i + 1) * n].clone()
+    out = torch.stack(core_factors(mine))  # [2, 2r, r]
+    for group in reversed(groups):  # innermost first: row-major rank order
+        out = _all_gather_rows(out, group)
+    # clones: fresh tensors like core_factors' own results (same alignment downstream)
+    return [(out[2 * j].clone(), out[2 * j + 1].clone()) for j in range(len(cores))]
+
+
+def retract(M, N, dM, dN, lr: float, m_groups: list[Group], n_groups: list[Group]):
+    """One exact LORO step on local rows (float64 or float32 from the caller): project
+    the gradient implied by the factor gradients onto the tangent space of the rank-r
+    manifold at W = M N^T, step by ``lr``, retract with a 2r x 2r SVD; returns balanced
+    (M, N) rows. :func:`tangent_core`, :func:`core_factors`, :func:`finish` in a row."""
+    U, Q2, V, Q1, core = tangent_core(M, N, dM, dN, lr, m_groups, n_groups)
+    return finish(U, Q2, V, Q1, *core_factors(core))
+
+
+def finish(U, Q2, V, Q1, Fm, Fn):
+    """New factor rows from the bases and the core's factors: [U Q2] Fm, [V Q1] Fn."""
+    return torch.cat([U, Q2], dim=1) @ Fm, torch.cat([V, Q1], dim=1) @ Fn
 
 
 @dataclass
@@ -116,6 +171,17 @@ def tall_layout(p: torch.Tensor, row_dim: int, name: str) -> TallLayout:
             raise ValueError(f"LORO: factor {name} has placement {pl} on mesh dim {i}")
         (rows if dim == row_dim else gather).append(i)
     return TallLayout([(p.device_mesh, i) for i in rows], gather)
+
+
+def share_groups(up: torch.Tensor, down: torch.Tensor, name: str) -> list[Group]:
+    """The mesh dimensions whose ranks all hold (shards or copies of) this factor pair and
+    so compute the same 2r x 2r core: every dimension of size > 1 of the factors' mesh."""
+    if not isinstance(up, DTensor):
+        return []
+    mesh = up.device_mesh
+    if not isinstance(down, DTensor) or down.device_mesh != mesh:
+        raise ValueError(f"LORO: the factors of {name} do not live on one device mesh")
+    return [(mesh, i) for i in range(mesh.ndim) if mesh.size(i) > 1]
 
 
 def gathered(t: torch.Tensor, like: DTensor, dims: list[int]) -> torch.Tensor:
