@@ -8,6 +8,11 @@ from boost_titan import cpu_runtime
 # CPU shims before any test module imports torchtitan (which fixes its device at import):
 # collection order must not decide whether in-process tests run
 cpu_runtime.activate()
+# tests read DCP checkpoints themselves too (test_fault_tolerance): with the package's
+# allowlisted metadata reader, as boost_titan.train and boost_titan.checkpoint do
+from boost_titan import safe_metadata  # noqa: E402
+
+safe_metadata.install()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
