@@ -45,7 +45,7 @@ def seed_checkpoint(corpus_dir, tmp_path_factory):
     """``seed_checkpoint("debug_cola.toml")``: the step-0 folder of a torchtitan seed
     checkpoint of that config (one process, fp32), made once per session and shared by
     every test that starts layouts from the same weights."""
-    from helpers import run_training
+    from helpers import assert_safe_metadata, run_training
 
     made: dict[str, Path] = {}
 
@@ -64,6 +64,7 @@ def seed_checkpoint(corpus_dir, tmp_path_factory):
             assert "Created seed checkpoint" in run.output and not run.loss  # no step ran
             step0 = dump / "checkpoint" / "step-0"
             assert step0.is_dir() and any(step0.iterdir()), step0
+            assert_safe_metadata(step0)  # one process, model only
             made[config] = step0
         return made[config]
 

@@ -158,3 +158,26 @@ def _keys(step_dir) -> list[str]:
 
     data = (step_dir / ".metadata").read_bytes()
     return list(safe_metadata.loads(data, str(step_dir)).state_dict_metadata)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not yet closed (issue #32 follow-up): DCP's DefaultLoadPlanner.load_bytes "
+    "unpickles non-tensor items with torch.load(weights_only=False)",
+)
+def test_a_bytes_item_in_an_allowlisted_checkpoint_runs_no_code(tmp_path):
+    """The hole the metadata allowlist leaves: .metadata made only of allowed classes
+    may declare any key a bytes item, and DCP then torch.loads that item's pickle
+    without weights_only, even where the loader asked for a tensor (a model-only
+    initial_load_path does)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    marker = tmp_path / "PWNED"
+    dcp.save({"w": _RunsCommand(f"touch {marker}")}, checkpoint_id=str(tmp_path), no_dist=True)
+    assert_safe_metadata(tmp_path)  # the metadata passes the allowlist
+    try:
+        dcp.load({"w": torch.empty(3)}, checkpoint_id=str(tmp_path), no_dist=True)
+    except (Exception, CheckpointException):  # whether it fails afterwards is not the point
+        pass
+    assert not marker.exists(), "a bytes item's pickle ran a command"
