@@ -1,14 +1,17 @@
-"""DCP metadata read with an allowlist: loading a checkpoint never runs code from it.
+"""DCP metadata read with an allowlist: a checkpoint's ``.metadata`` cannot run code.
 
 torch's ``FileSystemReader.read_metadata`` reads a step folder's ``.metadata`` with a
 plain ``pickle.load``, so a crafted folder (a colleague's run, a shared or downloaded
 checkpoint) runs any code it likes the moment it is loaded. The tensor items are
-already safe (torch reads each with ``torch.load(weights_only=True)``); only the
-metadata pickle is not. :func:`install` replaces ``FileSystemReader.read_metadata``
-with :func:`read_metadata`, whose unpickler resolves only the globals DCP metadata is
-made of (:data:`ALLOWED`) and refuses any other global by name before anything is
-built from it. When a newer torch adds a class to its metadata, the refusal names
-it: extend :data:`ALLOWED` on purpose, never bypass the check.
+already safe (torch reads each with ``torch.load(weights_only=True)``). Not covered
+here: DCP's non-tensor items (``DefaultLoadPlanner.load_bytes``: ``torch.load(
+weights_only=False)``) and torchtitan's data loader state (``pickle.loads``); see the
+README's "Loading checkpoints you did not write". :func:`install` replaces
+``FileSystemReader.read_metadata`` with :func:`read_metadata`, whose unpickler
+resolves only the globals DCP metadata is made of (:data:`ALLOWED`) and refuses any
+other global by name before anything is built from it. When a newer torch adds a
+class to its metadata, the refusal names it: extend :data:`ALLOWED` on purpose, never
+bypass the check.
 
 Why a patch of the method and not a reader of our own: torchtitan's CheckpointManager
 calls ``dcp.load(state, checkpoint_id=...)`` and DCP builds its ``FileSystemReader``
