@@ -42,6 +42,10 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
+from boost_titan import safe_metadata  # noqa: E402
+
+safe_metadata.install()  # .metadata is unpickled with an allowlist, never plain pickle
+
 FORMAT = "boost_titan/1"
 # DCP warns that it runs without a process group: that is the point here
 warnings.filterwarnings(
@@ -253,7 +257,12 @@ def main(argv: list[str] | None = None) -> None:
             out = export_safetensors(job_config, ours.src, ours.dst, _DTYPES.get(ours.dtype))
         else:
             out = import_safetensors(job_config, ours.src, ours.dst)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:  # bad input: one line
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        ValueError,
+        safe_metadata.UntrustedCheckpointError,
+    ) as e:  # bad input: one line
         p.exit(1, f"{p.prog} {ours.command}: error: {e}\n")
     print(f"wrote {out}")
 

@@ -20,7 +20,7 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import dashboard, fault  # noqa: E402
+from boost_titan import dashboard, fault, safe_metadata  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
 from boost_titan.step_profile import (  # noqa: E402
@@ -30,6 +30,9 @@ from boost_titan.step_profile import (  # noqa: E402
     maybe_enable_profiling,
 )
 
+# every checkpoint this process loads (resume, initial_load_path) has its .metadata
+# unpickled with an allowlist: a crafted checkpoint cannot run code
+safe_metadata.install()
 # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
 torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
 
@@ -101,6 +104,12 @@ class BoostTrainer(Trainer):
         torchtitan.train.time = _NoSleep
         try:
             super().train()
+        except BaseException as e:
+            # a refused checkpoint ends the run on its own line, not on DCP's per-rank report
+            refused = safe_metadata.refusal_in(e)
+            if refused is None:
+                raise
+            raise refused from None
         finally:
             torchtitan.train.time = time
         if torch.distributed.is_initialized():

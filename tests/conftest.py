@@ -8,6 +8,11 @@ from boost_titan import cpu_runtime
 # CPU shims before any test module imports torchtitan (which fixes its device at import):
 # collection order must not decide whether in-process tests run
 cpu_runtime.activate()
+# tests read DCP checkpoints themselves too (test_fault_tolerance): with the package's
+# allowlisted metadata reader, as boost_titan.train and boost_titan.checkpoint do
+from boost_titan import safe_metadata  # noqa: E402
+
+safe_metadata.install()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +45,7 @@ def seed_checkpoint(corpus_dir, tmp_path_factory):
     """``seed_checkpoint("debug_cola.toml")``: the step-0 folder of a torchtitan seed
     checkpoint of that config (one process, fp32), made once per session and shared by
     every test that starts layouts from the same weights."""
-    from helpers import run_training
+    from helpers import assert_safe_metadata, run_training
 
     made: dict[str, Path] = {}
 
@@ -59,6 +64,7 @@ def seed_checkpoint(corpus_dir, tmp_path_factory):
             assert "Created seed checkpoint" in run.output and not run.loss  # no step ran
             step0 = dump / "checkpoint" / "step-0"
             assert step0.is_dir() and any(step0.iterdir()), step0
+            assert_safe_metadata(step0)  # one process, model only
             made[config] = step0
         return made[config]
 

@@ -131,3 +131,15 @@ def run_main(
     return subprocess.CompletedProcess(
         [entry, *argv], done.returncode, done.stdout[0], "".join(done.stderr)
     )
+
+
+def assert_safe_metadata(step_dir: str | os.PathLike) -> None:
+    """The step folder's DCP ``.metadata`` reads through ``boost_titan.safe_metadata``'s
+    allowlist to exactly what plain ``pickle`` reads: the allowlist covers every global
+    this layout's checkpoints are made of (plain pickle only on our own checkpoints)."""
+    import pickle
+
+    from boost_titan import safe_metadata
+
+    data = (Path(step_dir) / ".metadata").read_bytes()
+    assert safe_metadata.loads(data, str(step_dir)) == pickle.loads(data), step_dir

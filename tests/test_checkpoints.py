@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import REPO_ROOT, run_main, run_training
+from helpers import REPO_ROOT, assert_safe_metadata, run_main, run_training
 
 FP32 = ("--training.mixed_precision_param", "float32")
 CONFIG = "debug_cola_btp_tp2.toml"
@@ -68,6 +68,9 @@ def btp_run(seed_checkpoint, tmp_path_factory):
 @pytest.mark.slow
 def test_resume_under_btp_is_bit_exact(btp_run):
     root, args, full = btp_run
+    # BTP TP2 with the optimizer (step 3) and model-only (the last save, step 6)
+    for step in (3, 6):
+        assert_safe_metadata(full.dump_folder / "checkpoint" / f"step-{step}")
     resumed_dir = root / "resumed"
     shutil.copytree(
         full.dump_folder / "checkpoint" / "step-3", resumed_dir / "checkpoint" / "step-3"
@@ -120,6 +123,7 @@ def test_btp_checkpoint_loads_into_other_layouts_and_safetensors_round_trip(btp_
     _cli("export", "--from", str(imported), "--to", str(root / "again.safetensors"))
     _assert_identical(ref, _tensors(root / "again.safetensors"))
     _cli("import", "--from", str(ref_file), "--to", str(imported), expect_error="exists")
+    assert_safe_metadata(imported)
 
     first_losses = {}
     cases = [(name, source) for name in LAYOUTS] + [("tp1-imported", imported)]
@@ -143,6 +147,7 @@ def test_btp_checkpoint_loads_into_other_layouts_and_safetensors_round_trip(btp_
             "1",
             "--validation.no-enable",
         )
+        assert_safe_metadata(run.dump_folder / "checkpoint" / "step-1")  # model-only
         saved = root / f"{name}.safetensors"
         _cli("export", "--from", str(run.dump_folder / "checkpoint" / "step-1"), "--to", str(saved))
         _assert_identical(ref, _tensors(saved))

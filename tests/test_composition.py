@@ -13,7 +13,7 @@ reductions, not just "the loss goes down".
 from __future__ import annotations
 
 import pytest
-from helpers import run_training
+from helpers import assert_safe_metadata, run_training
 
 STEPS = 4  # = warmup_steps: the LR schedule is identical however long a run is
 FP32 = ("--training.mixed_precision_param", "float32")
@@ -175,6 +175,9 @@ def test_layout_matches_single_process(references, tmp_path, arch, config, ngpu,
             ref_norm,
         )
     assert loss[STEPS] < loss[1] - 0.3  # and it learns
+    # its model-only last save (TP2 x FSDP2, PP2 x TP2, PP2 x FSDP2, HSDP) reads through
+    # the allowlisted metadata reader
+    assert_safe_metadata(run.dump_folder / "checkpoint" / f"step-{STEPS}")
 
 
 BF16_STEPS = 10

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import run_training
+from helpers import assert_safe_metadata, run_training
 from launcher import spawn
 
 WORLD = 4
@@ -167,6 +167,7 @@ def test_layout_matches_reference_run(layout, loro_seed, request, tmp_path):
         assert abs(a - b) <= 1e-4 * b, f"step {step}: {layout} {a} vs {against} {b}"
     if layout != "tp2":
         return
+    assert_safe_metadata(run.dump_folder / "checkpoint" / "step-4")  # LORO optimizer state
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(
         run.dump_folder / "checkpoint" / "step-4", resumed_dir / "checkpoint" / "step-4"
