@@ -135,15 +135,6 @@ def shared_core_factors(cores: list[torch.Tensor], groups: list[Group]):
     return [(out[2 * j].clone(), out[2 * j + 1].clone()) for j in range(len(cores))]
 
 
-def retract(M, N, dM, dN, lr: float, m_groups: list[Group], n_groups: list[Group]):
-    """One exact LORO step on local rows (float64 or float32 from the caller): project
-    the gradient implied by the factor gradients onto the tangent space of the rank-r
-    manifold at W = M N^T, step by ``lr``, retract with a 2r x 2r SVD; returns balanced
-    (M, N) rows. :func:`tangent_core`, :func:`core_factors`, :func:`finish` in a row."""
-    U, Q2, V, Q1, core = tangent_core(M, N, dM, dN, lr, m_groups, n_groups)
-    return finish(U, Q2, V, Q1, *core_factors(core))
-
-
 def finish(U, Q2, V, Q1, Fm, Fn):
     """New factor rows from the bases and the core's factors: [U Q2] Fm, [V Q1] Fn."""
     return torch.cat([U, Q2], dim=1) @ Fm, torch.cat([V, Q1], dim=1) @ Fn
