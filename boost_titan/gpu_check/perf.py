@@ -42,18 +42,26 @@ def peak_flops(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         from torchtitan.tools.utils import get_peak_flops
 
-        return get_peak_flops(torch.cuda.get_device_name(device)), "datasheet bf16 (torchtitan)"
+        name = torch.cuda.get_device_name(device)
+        return (
+            get_peak_flops(name),
+            f"datasheet bf16 dense for {name!r} (torchtitan's table; a GPU it does not "
+            "list gets A100's 312e12)",
+        )
     from boost_titan.cpu_runtime import measure_matmul_peak_flops
 
     return measure_matmul_peak_flops(n=512, seconds=0.2), "measured fp32 matmul (CPU)"
 
 
-def throughput(sizes: Sizes, device: torch.device, backend: str) -> dict:
+def throughput(
+    sizes: Sizes, device: torch.device, backend: str, peak: tuple[float, str] | None = None
+) -> dict:
     """Tokens/s, MFU and peak memory of CoLA 350m and its dense twin, bf16, eager and
-    compiled; the first (compiling) step and the warm-up are not timed."""
+    compiled; the first (compiling) step and the warm-up are not timed. ``peak``:
+    (FLOP/s, source) for MFU, measured or looked up here when not given."""
     from torchtitan.components.loss import cross_entropy_loss
 
-    peak, peak_source = peak_flops(device)
+    peak, peak_source = peak or peak_flops(device)
     mem = PeakMemory(device)
     runs = {}
     tokens_per_step = sizes.throughput_batch * sizes.throughput_seq
