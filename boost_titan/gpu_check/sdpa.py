@@ -28,11 +28,13 @@ _OPS = {
     "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
 }
 # GPU kernel names, by backend (first match wins)
+# (cuDNN's SDPA kernels are named like "cudnn_generated_fort_native_sdpa_sm90_flash_fprop":
+# cudnn before flash)
 _KERNELS = (
+    ("cudnn", "cudnn"),
     ("flash", "flash"),
     ("fmha", "efficient"),
     ("efficient", "efficient"),
-    ("cudnn", "cudnn"),
 )
 
 
