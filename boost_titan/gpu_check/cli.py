@@ -7,8 +7,8 @@ rates, throughput, memory and the trainer end to end.
 
 Sections, all in ``<out>/gpu_check.json`` (default ``outputs/gpu_check``), with a
 markdown summary printed at the end; ``versions`` (torch, CUDA, cuDNN, NCCL, Triton,
-driver) and ``peak_flops`` (the figure MFU divides by, and its source) are recorded
-first:
+driver) and ``peak_flops`` (the figure MFU divides by, and its source; on CPU measured
+just before the throughput runs) are recorded too:
 
 * ``numerics``: eager vs ``torch.compile`` (per block, as the trainer via
   ``boost_titan.compile.apply_compile``, loss compiled too) for every architecture
@@ -83,15 +83,13 @@ def run(
         "sizes": asdict(sizes),
         "section_seconds": {},
     }
-    peak, peak_source = peak_flops(device)
-    results["peak_flops"] = {"value": peak, "source": peak_source}
     fns = {
         "numerics": lambda: numerics(sizes, device, backend),
         "tp2": lambda: tp2(sizes, smoke, backend),
         "btp": lambda: btp(sizes, device, backend),
         "sdpa": lambda: sdpa(sizes, device),
         "gemm": lambda: gemm(sizes),
-        "throughput": lambda: throughput(sizes, device, backend, (peak, peak_source)),
+        "throughput": lambda: throughput(sizes, device, backend),
         "trainer": lambda: trainer(sizes, backend, out),
     }
     for name in sections:
@@ -99,6 +97,13 @@ def run(
         results[name] = guarded(fns[name])
         results["section_seconds"][name] = time.perf_counter() - t0
         print(f"[gpu_check] {name} done in {results['section_seconds'][name]:.0f} s", flush=True)
+    # the figure MFU divided by: the GPU's datasheet value; on CPU measured, just before
+    # the throughput runs (a figure from minutes earlier can be far off on a busy CPU)
+    t = results.get("throughput", {})
+    peak, source = (
+        (t["peak_flops"], t["peak_flops_source"]) if "peak_flops" in t else peak_flops(device)
+    )
+    results["peak_flops"] = {"value": peak, "source": source}
     results["memory"] = memory(results, device)
     results["seconds"] = time.perf_counter() - start
     return results

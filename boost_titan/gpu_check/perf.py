@@ -53,15 +53,12 @@ def peak_flops(device: torch.device) -> tuple[float, str]:
     return measure_matmul_peak_flops(n=512, seconds=0.2), "measured fp32 matmul (CPU)"
 
 
-def throughput(
-    sizes: Sizes, device: torch.device, backend: str, peak: tuple[float, str] | None = None
-) -> dict:
+def throughput(sizes: Sizes, device: torch.device, backend: str) -> dict:
     """Tokens/s, MFU and peak memory of CoLA 350m and its dense twin, bf16, eager and
-    compiled; the first (compiling) step and the warm-up are not timed. ``peak``:
-    (FLOP/s, source) for MFU, measured or looked up here when not given."""
+    compiled; the first (compiling) step and the warm-up are not timed."""
     from torchtitan.components.loss import cross_entropy_loss
 
-    peak, peak_source = peak or peak_flops(device)
+    peak, peak_source = peak_flops(device)
     mem = PeakMemory(device)
     runs = {}
     tokens_per_step = sizes.throughput_batch * sizes.throughput_seq
