@@ -1,5 +1,7 @@
 # Set-up is incremental: the venv is made once (stamp), the corpus only when missing.
-#   make train   train the default debug model (CoLA + BTP, TP2) on the embedded corpus
+#   make train   train the default debug model on the embedded corpus: CoLA + BTP over 2
+#                ranks (2+ GPUs, or 2 CPU ranks without a GPU), CoLA on 1 process with
+#                one GPU (run_train.sh picks; NGPU=... / CONFIG_FILE=... override)
 #   make test    run the whole test suite
 #   make lint    ruff lint + format check (CI runs it before the tests)
 PYTHON ?= python3
@@ -23,7 +25,7 @@ data: $(STAMP)
 	$(PY) -m boost_titan.data build
 
 train: data
-	NGPU=$${NGPU:-2} ./run_train.sh $(ARGS)
+	./run_train.sh $(ARGS)
 
 test: data
 	$(PY) -m pytest -q tests --durations=30 $(ARGS)

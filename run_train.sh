@@ -2,6 +2,12 @@
 # torchtitan-style launcher:
 #   CONFIG_FILE=train_configs/X.toml NGPU=2 ./run_train.sh [--section.key value ...]
 # NGPU = processes on this machine (GPUs, or CPU ranks on gloo when no GPU is visible).
+#   Unset: 2 when 2 or more GPUs are visible, 1 with one GPU, 2 CPU ranks without a GPU.
+#   More than the visible GPUs: refused before torchrun starts.
+# CONFIG_FILE unset: the CoLA + BTP TP2 debug config (debug_cola_btp_tp2.toml) for 2 or
+#   more ranks, its one-process twin (debug_cola.toml) for NGPU=1.
+# RUN_TRAIN_PRINT_ONLY=1: print the chosen NGPU, CONFIG_FILE and GPU count, then exit
+#   (no torchrun). BOOST_TITAN_VISIBLE_GPUS=N stands in for the GPU count (tests).
 # MAX_RESTARTS = times torchrun restarts the ranks after one dies (they resume from the
 #   newest complete checkpoint); SHUTDOWN_TIMEOUT = seconds the ranks get, after SIGTERM,
 #   to finish their step and save a checkpoint before SIGKILL.
@@ -11,14 +17,55 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-NGPU=${NGPU:-2}
 export LOG_RANK=${LOG_RANK:-0}
-CONFIG_FILE=${CONFIG_FILE:-./train_configs/debug_cola_btp_tp2.toml}
 TRAIN_FILE=${TRAIN_FILE:-boost_titan.train}
 MAX_RESTARTS=${MAX_RESTARTS:-0}
 SHUTDOWN_TIMEOUT=${SHUTDOWN_TIMEOUT:-120}
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
+fi
+
+# GPUs the ranks will see: none without an NVIDIA driver (nvidia-smi ships with it: a
+# CPU machine pays no torch import here), else what torch counts (CUDA_VISIBLE_DEVICES
+# honoured; a CPU-only torch build counts 0)
+visible_gpus() {
+  if [[ -n "${BOOST_TITAN_VISIBLE_GPUS:-}" ]]; then
+    echo "$BOOST_TITAN_VISIBLE_GPUS"
+  elif ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo 0
+  else
+    "$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)'
+  fi
+}
+GPUS=$(visible_gpus)
+if ! [[ "$GPUS" =~ ^[0-9]+$ ]]; then
+  echo "run_train.sh: could not count the visible GPUs (got '$GPUS'); set NGPU" >&2
+  exit 2
+fi
+if [[ -z "${NGPU:-}" ]]; then
+  if (( GPUS == 1 )); then NGPU=1; else NGPU=2; fi  # 0 GPUs: 2 CPU ranks on gloo
+  echo "run_train.sh: NGPU=$NGPU ($GPUS GPU(s) visible; set NGPU to choose)"
+fi
+if ! [[ "$NGPU" =~ ^[1-9][0-9]*$ ]]; then
+  echo "run_train.sh: NGPU must be a positive integer, got '$NGPU'" >&2
+  exit 2
+fi
+if (( GPUS > 0 && NGPU > GPUS )); then
+  echo "run_train.sh: NGPU=$NGPU needs $NGPU GPUs but $GPUS visible (one rank per GPU);" \
+    "set NGPU=$GPUS or fewer with a CONFIG_FILE whose parallel degrees multiply to it" \
+    "(one GPU: CONFIG_FILE=train_configs/debug_cola.toml NGPU=1)" >&2
+  exit 2
+fi
+if [[ -z "${CONFIG_FILE:-}" ]]; then
+  if (( NGPU == 1 )); then
+    CONFIG_FILE=./train_configs/debug_cola.toml
+  else
+    CONFIG_FILE=./train_configs/debug_cola_btp_tp2.toml
+  fi
+fi
+if [[ "${RUN_TRAIN_PRINT_ONLY:-0}" == 1 ]]; then
+  echo "NGPU=$NGPU CONFIG_FILE=$CONFIG_FILE GPUS=$GPUS"
+  exit 0
 fi
 
 # torchrun gives every process 1 thread when NGPU > 1: CPU ranks get their share of the

@@ -4,6 +4,7 @@ its flags do what they say; the GPU check's smoke mode covers every section."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -378,8 +379,43 @@ def test_gpu_check_smoke(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| cola compiled |" in proc.stdout  # the markdown summary
+    check_gpu_check_smoke(out)
+
+
+def check_gpu_check_smoke(out) -> None:
+    """Every section of a ``gpu_check.sh --smoke --out OUT`` run (CPU)."""
+    from boost_titan.gpu_check.common import Sizes
+    from boost_titan.gpu_check.trainer import check_log
+
     res = json.loads((out / "gpu_check.json").read_text())
-    assert set(res) >= {"numerics", "tp2", "gemm", "throughput", "memory"}
+    assert set(res) >= {
+        "numerics",
+        "tp2",
+        "btp",
+        "sdpa",
+        "gemm",
+        "throughput",
+        "trainer",
+        "memory",
+        "versions",
+        "peak_flops",
+    }
+    assert list(res["section_seconds"]) == [
+        "numerics",
+        "tp2",
+        "btp",
+        "sdpa",
+        "gemm",
+        "throughput",
+        "trainer",
+    ]
+    import torch
+
+    v = res["versions"]
+    assert v["torch"] == torch.__version__ and v["torchtitan"] == "0.2.2"
+    assert (v["cuda"], v["cudnn"], v["nccl"], v["driver"]) == (None, None, None, None)  # CPU
+    assert res["peak_flops"]["value"] > 0 and "measured" in res["peak_flops"]["source"]
+    assert res["throughput"]["peak_flops"] == res["peak_flops"]["value"]  # MFU's divisor
     for section in ("numerics", "tp2"):
         assert res[section]["archs"], section
         for arch, r in res[section]["archs"].items():
@@ -392,6 +428,16 @@ def test_gpu_check_smoke(tmp_path):
             assert len(r["eager_loss"]) == len(r["compiled_loss"]) == 2
     assert set(res["numerics"]["archs"]) == {"dense", "svd", "cola", "lax"}
     assert res["tp2"]["ran"] and res["tp2"]["archs"]["cola"]["plan"] == "btp"
+    _check_gpu_check_btp(res["btp"])
+    # CPU: the dispatcher's flash kernel for CPU, in fp32 and under bf16 autocast
+    assert set(res["sdpa"]["archs"]) == {"dense", "svd", "cola", "lax"}
+    for arch, r in res["sdpa"]["archs"].items():
+        for dtype in ("float32", "bfloat16"):
+            assert r[dtype]["kernel"] == "flash (CPU)", (arch, dtype, r)
+            assert r[dtype]["aten_ops"] == [
+                "aten::_scaled_dot_product_flash_attention_for_cpu",
+                "aten::scaled_dot_product_attention",
+            ]
     assert set(res["gemm"]["plans"]) == {"fullrank", "vanilla", "btp"}
     assert all(p["tflops"] > 0 for p in res["gemm"]["plans"].values())
     runs = res["throughput"]["runs"]
@@ -400,6 +446,153 @@ def test_gpu_check_smoke(tmp_path):
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["first_step_s"] > 0, name
     assert len(res["memory"]["peak_mem_mib"]) == 12
     assert all(m >= 0 for m in res["memory"]["peak_mem_mib"].values())
+    # the trainer: 4 compiled steps, step 3's injected NaN skipped, steps 2 and 4 profiled
+    t = res["trainer"]
+    assert t["ok"] and t["returncode"] == 0 and t["problems"] == [], t
+    assert list(t["losses"]) == ["1", "2", "3", "4"]
+    assert math.isnan(t["losses"]["3"]) and t["guard_skipped_step"] == 3
+    assert all(8 < t["losses"][s] < 10 for s in ("1", "2", "4"))  # ln(8192) = 9.01
+    assert all(m > 0 for m in t["memory_gib"].values())
+    assert all(t["tokens_per_s"][s] > 0 for s in ("1", "2", "4"))
+    assert sorted(t["profiled_step_ms"]) == ["2", "4"]
+    # the log checks see what is missing
+    log = (out / "trainer.log").read_text()
+    sizes = Sizes(trainer_steps=4, trainer_profile_freq=4)
+    assert check_log(log, 0, sizes)["problems"] == []
+    no_guard = "\n".join(ln for ln in log.splitlines() if "update skipped" not in ln)
+    assert check_log(no_guard, 0, sizes)["problems"] == [
+        "no step-guard skip logged for the NaN loss at step 3"
+    ]
+    assert check_log(log, 0, Sizes(trainer_steps=4, trainer_profile_freq=3))["problems"] == [
+        "profiled steps [2, 4], expected [2, 3]"
+    ]
+
+
+def _check_gpu_check_btp(b: dict) -> None:
+    """One graph for every CoLA block, two for LaX (block 0 has no crossing), at a depth
+    past Dynamo's recompile limit; the statistic under inductor bitwise eager's and
+    within 2^-16 of fp32 where plain bf16 is ~2^-9 off; eager == compiled. The statistic
+    is compiled with inductor even in the smoke (one small graph, ~7 s): inductor's
+    fusion, not aot_eager, is what once dropped the hi/lo rounding."""
+    assert b["group"] == "1 rank (gloo)" and b["layers"] == 9 > 8
+    s = b["statistic"]
+    assert s["ok"] and s["bitwise_equal_eager"] and s["backend"] == "inductor", s
+    assert s["max_rel_diff_vs_fp32"] <= 2.0**-16 < 2.0**-10 < s["plain_bf16_max_rel_diff"]
+    assert set(b["archs"]) == {"cola", "lax"}
+    for arch, graphs in (("cola", 1), ("lax", 2)):
+        r = b["archs"][arch]
+        assert r["ok"] and r["block_graphs"] == r["block_graphs_expected"] == graphs, (arch, r)
+        assert r["loss_max_rel_diff"] <= b["loss_rtol"] and r["grad_max_rel_diff"] <= b["grad_rtol"]
+        assert 6 < r["eager_loss"][0] < 7  # ln(512) = 6.24: the smoke's vocabulary
+
+
+def test_gpu_check_refuses_without_cuda(tmp_path):
+    """The full check (no --smoke) on a machine without CUDA: refused at once, exit 2,
+    naming --smoke; nothing is run or written."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the full check would run")
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "--out", str(tmp_path / "gc")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "gpu_check: no CUDA device visible" in proc.stderr
+    assert "add --smoke" in proc.stderr
+    assert not (tmp_path / "gc").exists()
+
+
+def _fake_results(**sections) -> dict:
+    return {
+        "device": "CPU",
+        "torch": "2.13.0",
+        "backend": "aot_eager",
+        "smoke": True,
+        "seconds": 1.0,
+        "versions": {"torch": "2.13.0"},
+        "peak_flops": {"value": 1e10, "source": "measured"},
+        "section_seconds": dict.fromkeys(sections, 0.5),
+        "memory": {"source": "peak RSS rise (CPU)", "peak_mem_mib": {}},
+        **sections,
+    }
+
+
+def test_gpu_check_exit_status_names_the_failed_sections(tmp_path, capsys, monkeypatch):
+    from boost_titan.gpu_check import cli, report
+
+    btp = {
+        "group": "1 rank (gloo)",
+        "layers": 9,
+        "dtype": "bf16",
+        "backend": "aot_eager",
+        "loss_rtol": 1e-2,
+        "grad_rtol": 5e-2,
+        "statistic": {
+            "ok": False,
+            "bitwise_equal_eager": False,
+            "max_rel_diff_vs_fp32": 3.8e-3,
+            "plain_bf16_max_rel_diff": 3.8e-3,
+            "rtol": 2.0**-16,
+        },
+        "archs": {"cola": {"error": "RuntimeError: cola: the blocks recompiled"}},
+    }
+    results = _fake_results(
+        btp=btp,
+        sdpa={"source": "x", "archs": {"dense": {"error": "RuntimeError: no SDPA op"}}},
+        gemm={"error": "ValueError: boom"},
+    )
+    bad = report.failures(results)
+    assert [s for s, _ in bad] == ["btp", "btp", "sdpa", "gemm"]
+    assert "max rel diff vs fp32 3.80e-03" in bad[0][1]
+    assert report.exit_status(["gemm", "sdpa"]) == 13 and report.exit_status([]) == 0
+
+    monkeypatch.setattr(cli, "run", lambda *a, **k: results)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--smoke", "--out", str(tmp_path)])
+    assert e.value.code == 12  # btp: SECTIONS index 2
+    err = capsys.readouterr().err
+    assert "gpu_check: FAILED sections: btp, sdpa, gemm" in err
+    assert "gemm: ValueError: boom" in err
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["gemm"]["error"]
+
+
+@pytest.mark.parametrize(
+    "ops, kernels, cuda, backend",
+    [
+        (
+            ["aten::_scaled_dot_product_flash_attention"],
+            ["void pytorch_flash::flash_fwd_kernel<>"],
+            True,
+            "flash",
+        ),
+        (
+            ["aten::_scaled_dot_product_efficient_attention"],
+            ["fmha_cutlassF_f32_aligned_64x64_rf_sm80"],
+            True,
+            "efficient",
+        ),
+        (
+            ["aten::_scaled_dot_product_cudnn_attention"],
+            ["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma"],
+            True,
+            "cudnn",
+        ),
+        (["aten::_scaled_dot_product_attention_math"], [], True, "math"),
+        (["aten::_scaled_dot_product_flash_attention_for_cpu"], [], False, "flash (CPU)"),
+        (["aten::_scaled_dot_product_attention_math"], [], False, "math"),
+    ],
+)
+def test_gpu_check_sdpa_kernel_names(ops, kernels, cuda, backend):
+    from boost_titan.gpu_check.sdpa import classify
+
+    assert classify(ops, kernels, cuda) == backend
 
 
 class _KinetoEvent:

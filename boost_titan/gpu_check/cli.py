@@ -1,11 +1,14 @@
-"""One command for a GPU machine: compiled numerics, GEMM rates, throughput, memory.
+"""One command for a GPU machine: compiled numerics, BTP on one GPU, SDPA kernels, GEMM
+rates, throughput, memory and the trainer end to end.
 
-    bash benchmarks/gpu_check.sh                  # one GPU: under 8 minutes
+    bash benchmarks/gpu_check.sh                  # one GPU (refused without CUDA)
     bash benchmarks/gpu_check.sh --smoke          # the same code paths on CPU, tiny shapes
     python -m boost_titan.gpu_check [--out DIR] [--smoke] [--batch B] [--seq S] [--steps N]
 
 Sections, all in ``<out>/gpu_check.json`` (default ``outputs/gpu_check``), with a
-markdown summary printed at the end:
+markdown summary printed at the end; ``versions`` (torch, CUDA, cuDNN, NCCL, Triton,
+driver) and ``peak_flops`` (the figure MFU divides by, and its source; on CPU measured
+just before the throughput runs) are recorded too:
 
 * ``numerics``: eager vs ``torch.compile`` (per block, as the trainer via
   ``boost_titan.compile.apply_compile``, loss compiled too) for every architecture
@@ -15,32 +18,56 @@ markdown summary printed at the end:
   GPUs 0 and 1 when two are visible, two gloo CPU ranks with ``--smoke``; skipped
   otherwise. Simulated TP in one process (tests/tp_sim.py, LocalTensorMode) cannot be
   compiled: AOTAutograd fails on LocalTensor x FunctionalTensor (torch 2.13).
+* ``btp``: BTP on a 1-rank group, 24 blocks, bf16, compiled: one Dynamo graph for all
+  CoLA blocks (LaX: two), the Online-RMSNorm statistic's hi/lo split intact under
+  inductor, eager == compiled (:mod:`boost_titan.gpu_check.btp`).
+* ``sdpa``: which attention kernel (flash, efficient, cuDNN, math) each architecture's
+  forward ran, fp32 and bf16, from a profiler trace (:mod:`boost_titan.gpu_check.sdpa`).
 * ``gemm``: per-plan per-rank GEMM TFLOP/s at 7B/TP4 shapes (``bench.gemm.gemm_bench``,
   as ``python -m boost_titan.bench --gemm``).
 * ``throughput``: tokens/s and MFU of CoLA 350m and its dense twin, bf16 autocast
   (torchtitan's single-device mixed precision), eager and compiled, a few steps after
   warm-up (the first, compiling step timed separately).
+* ``trainer``: ``NGPU=1 ./run_train.sh`` on the one-process CoLA debug config,
+  compiled, with the step profiler and an injected NaN loss the step guard must skip
+  (:mod:`boost_titan.gpu_check.trainer`).
 * ``memory``: peak memory of every run above (``torch.cuda.max_memory_allocated``;
   on CPU the peak RSS rise, a coarser figure).
+
+Exit status: 0 when every section passed; otherwise ``10 + i`` for the first failing
+section, ``i`` its index in ``SECTIONS`` (numerics 10, tp2 11, btp 12, sdpa 13, gemm 14,
+throughput 15, trainer 16), and every failing section named on stderr; 2 for a refused
+command line (the full check without CUDA, a bad flag).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from boost_titan.gpu_check.btp import btp
 from boost_titan.gpu_check.common import SECTIONS, SMOKE, Sizes, fail_rather_than_fall_back, guarded
+from boost_titan.gpu_check.env import require_cuda, versions
 from boost_titan.gpu_check.numerics import numerics, tp2
-from boost_titan.gpu_check.perf import gemm, memory, throughput
-from boost_titan.gpu_check.report import failures, markdown
+from boost_titan.gpu_check.perf import gemm, memory, peak_flops, throughput
+from boost_titan.gpu_check.report import exit_status, failures, markdown
+from boost_titan.gpu_check.sdpa import sdpa
+from boost_titan.gpu_check.trainer import trainer
 
 
-def run(sizes: Sizes, smoke: bool, backend: str, sections: tuple[str, ...] = SECTIONS) -> dict:
+def run(
+    sizes: Sizes,
+    smoke: bool,
+    backend: str,
+    sections: tuple[str, ...] = SECTIONS,
+    out: Path = Path("outputs/gpu_check"),
+) -> dict:
     """The chosen sections, in order, each one's wall time recorded; then memory."""
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
@@ -50,6 +77,7 @@ def run(sizes: Sizes, smoke: bool, backend: str, sections: tuple[str, ...] = SEC
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
         "torch": torch.__version__,
+        "versions": versions(),
         "backend": backend,
         "smoke": smoke,
         "sizes": asdict(sizes),
@@ -58,14 +86,24 @@ def run(sizes: Sizes, smoke: bool, backend: str, sections: tuple[str, ...] = SEC
     fns = {
         "numerics": lambda: numerics(sizes, device, backend),
         "tp2": lambda: tp2(sizes, smoke, backend),
+        "btp": lambda: btp(sizes, device, backend),
+        "sdpa": lambda: sdpa(sizes, device),
         "gemm": lambda: gemm(sizes),
         "throughput": lambda: throughput(sizes, device, backend),
+        "trainer": lambda: trainer(sizes, backend, out),
     }
     for name in sections:
         t0 = time.perf_counter()
         results[name] = guarded(fns[name])
         results["section_seconds"][name] = time.perf_counter() - t0
         print(f"[gpu_check] {name} done in {results['section_seconds'][name]:.0f} s", flush=True)
+    # the figure MFU divided by: the GPU's datasheet value; on CPU measured, just before
+    # the throughput runs (a figure from minutes earlier can be far off on a busy CPU)
+    t = results.get("throughput", {})
+    peak, source = (
+        (t["peak_flops"], t["peak_flops_source"]) if "peak_flops" in t else peak_flops(device)
+    )
+    results["peak_flops"] = {"value": peak, "source": source}
     results["memory"] = memory(results, device)
     results["seconds"] = time.perf_counter() - start
     return results
@@ -96,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="CPU, tiny shapes: checks the code paths in a minute or two",
+        help="CPU, tiny shapes: checks the code paths in a few minutes (without it, "
+        "no CUDA device is refused)",
     )
     p.add_argument(
         "--backend",
@@ -136,16 +175,23 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         p.error(f"unknown sections {unknown}; valid: {list(SECTIONS)}")
+    require_cuda(a.smoke)
     backend = a.backend or ("aot_eager" if a.smoke else "inductor")
     from boost_titan import cpu_runtime
 
     cpu_runtime.activate()
-    results = run(_sizes(a), a.smoke, backend, sections)
     out = Path(a.out)
+    results = run(_sizes(a), a.smoke, backend, sections, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     print(markdown(results))
     print(f"wrote {out / 'gpu_check.json'}")
     bad = failures(results)
     if bad:  # the file is written first, so the numbers can be inspected
-        raise SystemExit("compiled does not match eager:\n  " + "\n  ".join(bad))
+        failed = list(dict.fromkeys(section for section, _ in bad))
+        print(
+            f"gpu_check: FAILED sections: {', '.join(failed)}\n  "
+            + "\n  ".join(f"{section}: {line}" for section, line in bad),
+            file=sys.stderr,
+        )
+        raise SystemExit(exit_status(failed))

@@ -19,7 +19,8 @@ LOCAL_TENSOR_NOTE = (
     "simulated TP (fake process group + LocalTensorMode) cannot be compiled with torch "
     f"{torch.__version__}: AOTAutograd fails on LocalTensor x FunctionalTensor"
 )
-SECTIONS = ("numerics", "tp2", "gemm", "throughput")  # in the order they run
+# in the order they run; a failing section's exit status is 10 + its index here
+SECTIONS = ("numerics", "tp2", "btp", "sdpa", "gemm", "throughput", "trainer")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class Sizes:
     numerics_batch: int = 4
     numerics_seq: int = 256
     tp2_archs: tuple[str, ...] = ARCHS
+    btp_layers: int = 24  # > Dynamo's recompile limit (8): a per-block guard fails there
+    btp_dim: int | None = None  # None: the numerics flavor's (debugmodel: 256)
+    btp_batch: int = 4
+    btp_seq: int = 256
     throughput_flavor: str = "350m"
     throughput_dim: int | None = None
     throughput_batch: int = 8
@@ -40,6 +45,8 @@ class Sizes:
     gemm_dtype: str = "bfloat16"
     gemm_m_scale: float = 1.0
     gemm_seconds: float = 0.2
+    trainer_steps: int = 10  # NGPU=1 ./run_train.sh, debug config, compiled
+    trainer_profile_freq: int = 5  # step profiler on steps 2, 5, 10
 
 
 # CPU: tiny shapes, same code paths (tests/test_bench.py runs it)
@@ -49,6 +56,10 @@ SMOKE = Sizes(
     numerics_batch=2,
     numerics_seq=32,
     tp2_archs=("dense", "cola"),
+    btp_layers=9,  # one past the recompile limit: still fails on a per-block guard
+    btp_dim=64,
+    btp_batch=2,
+    btp_seq=32,
     throughput_flavor="debugmodel",
     throughput_dim=128,
     throughput_batch=2,
@@ -58,6 +69,8 @@ SMOKE = Sizes(
     gemm_dtype="float32",
     gemm_m_scale=0.002,
     gemm_seconds=0.02,
+    trainer_steps=4,
+    trainer_profile_freq=4,  # steps 2 and 4
 )
 
 

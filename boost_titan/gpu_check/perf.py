@@ -42,7 +42,12 @@ def peak_flops(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         from torchtitan.tools.utils import get_peak_flops
 
-        return get_peak_flops(torch.cuda.get_device_name(device)), "datasheet bf16 (torchtitan)"
+        name = torch.cuda.get_device_name(device)
+        return (
+            get_peak_flops(name),
+            f"datasheet bf16 dense for {name!r} (torchtitan's table; a GPU it does not "
+            "list gets A100's 312e12)",
+        )
     from boost_titan.cpu_runtime import measure_matmul_peak_flops
 
     return measure_matmul_peak_flops(n=512, seconds=0.2), "measured fp32 matmul (CPU)"

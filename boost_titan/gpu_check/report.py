@@ -6,31 +6,87 @@ from __future__ import annotations
 from boost_titan.gpu_check.common import GRAD_RTOL, LOSS_RTOL, SECTIONS
 
 
-def failures(results: dict) -> list[str]:
-    """One line per section that failed and per architecture whose compiled run
-    failed or does not match eager."""
+def failures(results: dict) -> list[tuple[str, str]]:
+    """(section, what) for every section that failed, every architecture whose
+    compiled run failed or does not match eager, and every failed check, in
+    ``SECTIONS`` order."""
     out = [
-        f"{name}: {section['error']}"
-        for name, section in results.items()
-        if isinstance(section, dict) and "error" in section
+        (name, results[name]["error"])
+        for name in SECTIONS
+        if isinstance(results.get(name), dict) and "error" in results[name]
     ]
     for section in ("numerics", "tp2"):
         for arch, row in results.get(section, {}).get("archs", {}).items():
             if "error" in row:
-                out.append(f"{section} {arch}: {row['error']}")
+                out.append((section, f"{arch}: {row['error']}"))
             elif not row["ok"]:
                 out.append(
-                    f"{section} {arch}: "
-                    f"loss rel diff {row['loss_max_rel_diff']:.2e} (max {LOSS_RTOL:g}), "
-                    f"grad rel diff {row['grad_max_rel_diff']:.2e} (max {GRAD_RTOL:g})"
+                    (
+                        section,
+                        f"{arch}: loss rel diff {row['loss_max_rel_diff']:.2e} "
+                        f"(max {LOSS_RTOL:g}), grad rel diff {row['grad_max_rel_diff']:.2e} "
+                        f"(max {GRAD_RTOL:g})",
+                    )
                 )
+    out += _btp_failures(results.get("btp", {}))
+    for arch, row in results.get("sdpa", {}).get("archs", {}).items():
+        if "error" in row:
+            out.append(("sdpa", f"{arch}: {row['error']}"))
+    trainer = results.get("trainer", {})
+    out += [("trainer", p) for p in trainer.get("problems", [])]
+    order = {name: i for i, name in enumerate(SECTIONS)}
+    return sorted(out, key=lambda f: order[f[0]])  # stable: each section's lines in order
+
+
+def _btp_failures(btp: dict) -> list[tuple[str, str]]:
+    out = []
+    stat = btp.get("statistic", {})
+    if "error" in stat:
+        out.append(("btp", f"statistic: {stat['error']}"))
+    elif stat and not stat["ok"]:
+        out.append(
+            (
+                "btp",
+                f"statistic under inductor: bitwise equal to eager {stat['bitwise_equal_eager']}, "
+                f"max rel diff vs fp32 {stat['max_rel_diff_vs_fp32']:.2e} "
+                f"(max {stat['rtol']:.2e}; a collapsed hi/lo split gives "
+                f"{stat['plain_bf16_max_rel_diff']:.2e})",
+            )
+        )
+    for arch, row in btp.get("archs", {}).items():
+        if "error" in row:
+            out.append(("btp", f"{arch}: {row['error']}"))
+        elif not row["ok"]:
+            out.append(
+                (
+                    "btp",
+                    f"{arch}: {row['block_graphs']} compiled graphs for "
+                    f"{btp['layers']} blocks (expected {row['block_graphs_expected']}), "
+                    f"loss rel diff {row['loss_max_rel_diff']:.2e} (max {btp['loss_rtol']:g}), "
+                    f"grad rel diff {row['grad_max_rel_diff']:.2e} (max {btp['grad_rtol']:g})",
+                )
+            )
     return out
 
 
+def exit_status(failed_sections: list[str]) -> int:
+    """10 + the index in ``SECTIONS`` of the first failed section (0: none failed)."""
+    if not failed_sections:
+        return 0
+    return 10 + min(SECTIONS.index(s) for s in failed_sections)
+
+
 def markdown(results: dict) -> str:
+    v = results["versions"]
     lines = [
         f"# GPU check: {results['device']}, torch {results['torch']}, {results['backend']}"
         f"{' (smoke)' if results['smoke'] else ''}, {results['seconds']:.0f} s",
+        "",
+        "Versions: " + ", ".join(f"{k} {v[k]}" for k in v if k != "gpus"),
+        f"Peak FLOP/s for MFU: {results['peak_flops']['value']:.4g} "
+        f"({results['peak_flops']['source']})",
+        "Section seconds: "
+        + ", ".join(f"{k} {t:.0f}" for k, t in results["section_seconds"].items()),
         "",
     ]
     for name in SECTIONS:
@@ -44,12 +100,76 @@ def markdown(results: dict) -> str:
             lines += _numerics_md(f"Eager vs compiled, TP2 on {tp['ranks']}, fp32", tp)
         else:
             lines += [f"TP2 skipped: {tp['reason']}; {tp['note']}", ""]
+    if "archs" in results.get("btp", {}):
+        lines += _btp_md(results["btp"])
+    if "archs" in results.get("sdpa", {}):
+        lines += _sdpa_md(results["sdpa"])
     if "plans" in results.get("gemm", {}):
         lines += _gemm_md(results["gemm"])
     if "runs" in results.get("throughput", {}):
         lines += _throughput_md(results["throughput"])
+    if "problems" in results.get("trainer", {}):
+        lines += _trainer_md(results["trainer"])
     lines += [f"Peak memory source: {results['memory']['source']}"]
     return "\n".join(lines) + "\n"
+
+
+def _btp_md(b: dict) -> list[str]:
+    s = b["statistic"]
+    lines = [
+        f"BTP, {b['group']}, {b['layers']} blocks, {b['dtype']}, compiled ({b['backend']}):",
+        "",
+    ]
+    if "error" in s:
+        lines.append(f"- statistic: **ERROR** {s['error'][:200]}")
+    else:
+        lines.append(
+            f"- Online-RMSNorm statistic through reduce_down, inductor: bitwise equal to "
+            f"eager: {'yes' if s['bitwise_equal_eager'] else '**NO**'}; max rel diff vs "
+            f"fp32 {s['max_rel_diff_vs_fp32']:.1e} (max {s['rtol']:.1e}; plain bf16 "
+            f"{s['plain_bf16_max_rel_diff']:.1e})"
+        )
+    lines += [
+        "",
+        "| arch | block graphs (expected) | loss eager / compiled | loss rel diff "
+        "| grad rel diff | ok |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arch, r in b["archs"].items():
+        if "error" in r:
+            lines.append(f"| {arch} | **ERROR** {r['error'][:200]} | | | | **NO** |")
+            continue
+        lines.append(
+            f"| {arch} | {r['block_graphs']} ({r['block_graphs_expected']}) "
+            f"| {r['eager_loss'][0]:.6f} / {r['compiled_loss'][0]:.6f} "
+            f"| {r['loss_max_rel_diff']:.1e} | {r['grad_max_rel_diff']:.1e} "
+            f"| {'yes' if r['ok'] else '**NO**'} |"
+        )
+    return lines + [""]
+
+
+def _sdpa_md(t: dict) -> list[str]:
+    lines = [f"SDPA kernel per architecture ({t['source']}):", ""]
+    for arch, r in t["archs"].items():
+        if "error" in r:
+            lines.append(f"- {arch}: **ERROR** {r['error'][:200]}")
+        else:
+            lines.append(f"- {arch}: " + ", ".join(f"{d} {x['kernel']}" for d, x in r.items()))
+    return lines + [""]
+
+
+def _trainer_md(t: dict) -> list[str]:
+    lines = [f"Trainer: `{t['command']}` ({t['seconds']:.0f} s, exit {t['returncode']}):", ""]
+    if t["losses"]:
+        last = max(t["losses"], key=int)
+        lines.append(
+            f"- {len(t['losses'])} steps, last loss {t['losses'][last]:.4f}, memory "
+            f"{t['memory_gib'][last]:.2f} GiB, {t['tokens_per_s'][last]:.0f} tokens/s, "
+            f"MFU {t['mfu_pct'][last]:.1f}%; step guard skipped step "
+            f"{t['guard_skipped_step']}; profiled steps (ms): {t['profiled_step_ms']}"
+        )
+    lines += [f"- **problem**: {p[:300]}" for p in t["problems"]]
+    return lines + [""]
 
 
 def _gemm_md(g: dict) -> list[str]:
