@@ -77,30 +77,129 @@ def pipeline_forward_backward(
     return torch.sum(torch.stack(losses)).to(trainer.device)
 
 
-def _stages_per_rank(
-    schedule: str,
-    layers_per_stage: int | None,
-    n_layers: int,
-    first_less: int,
-    last_less: int,
-    pp: int,
-) -> int:
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+# What torch 2.13 and torchtitan 0.2.2 require of the stages per rank, by schedule class
+# (torch.distributed.pipelining.schedules, torchtitan.distributed.pipeline_parallel):
+# single-stage schedules (1F1B, GPipe) exactly 1 (pipeline_llm), the V schedules
+# (ZBVZeroBubble, DualPipeV) exactly 2 (pipeline_module_split's "v schedules assume 2
+# stages per rank"; the schedules' "ZBV requires exactly 2 stages per rank"), the other
+# multi-stage ones (Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) at least 2
+# (pipeline_llm's "Multi-stage schedule requires at least 2 stages per rank").
+_STAGE_RULES = {
+    "single": ("exactly 1 stage per rank", lambda n: n == 1),
+    "v": ("exactly 2 stages per rank", lambda n: n == 2),
+    "multi": ("at least 2 stages per rank", lambda n: n >= 2),
+}
 
-    single = issubclass(get_schedule_class(schedule), PipelineScheduleSingle)
-    if layers_per_stage is None:
-        return 1 if single else 2
-    effective = n_layers + first_less + last_less
-    if effective % layers_per_stage:
-        valid = [
-            k for k in range(1, effective + 1) if effective % k == 0 and (effective // k) % pp == 0
-        ]
-        raise ValueError(
-            f"pipeline_parallel_layers_per_stage = {layers_per_stage} does not divide the "
-            f"{effective} effective layers ({n_layers} layers + first_stage_less_layers "
-            f"{first_less} + last_stage_less_layers {last_less}); valid values: {valid}"
+
+def _schedule_class(schedule: str):
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    return get_schedule_class(schedule)
+
+
+def schedule_kind(schedule: str) -> str:
+    """``"single"``, ``"v"`` or ``"multi"``: how torchtitan places this schedule's stages."""
+    from torch.distributed.pipelining.schedules import (
+        PipelineScheduleSingle,
+        ScheduleDualPipeV,
+        ScheduleZBVZeroBubble,
+    )
+
+    cls = _schedule_class(schedule)
+    if issubclass(cls, PipelineScheduleSingle):
+        return "single"
+    return "v" if cls in (ScheduleZBVZeroBubble, ScheduleDualPipeV) else "multi"
+
+
+def splits_backward(schedule: str) -> bool:
+    """Whether the schedule runs backward in two passes over the same graph, one for the
+    inputs' gradients (BACKWARD_INPUT) and one for the weights' (BACKWARD_WEIGHT): the
+    zero-bubble schedules of torch 2.13 (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)."""
+    from torch.distributed.pipelining.schedules import (
+        ScheduleDualPipeV,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
+    )
+
+    return _schedule_class(schedule) in (
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
+        ScheduleDualPipeV,
+    )
+
+
+def _stage_rule(schedule: str) -> tuple[str, str, object]:
+    kind = schedule_kind(schedule)
+    text, ok = _STAGE_RULES[kind]
+    label = {"single": "single-stage", "v": "V", "multi": "multi-stage"}[kind]
+    return f"{label} schedule {schedule} needs {text}", text, ok
+
+
+def _check_microbatches(schedule: str, n_micro: int, pp: int, per_rank: int, batch: int) -> None:
+    """torch 2.13's microbatch-count rules: Schedule1F1B needs at least as many
+    microbatches as stages; Interleaved1F1B and InterleavedZeroBubble a count that is a
+    multiple of its rounds (max(1, n // pp)); DualPipeV at least as many as stages."""
+    name = _schedule_class(schedule).__name__
+    stages = pp * per_rank
+    if name in ("Schedule1F1B", "ScheduleDualPipeV"):
+        ok, rule = (lambda n: n >= stages), f"at least {stages} microbatches (one per stage)"
+    elif name in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
+        ok = lambda n: n % max(1, n // pp) == 0  # noqa: E731
+        rule = (
+            f"a microbatch count that is a multiple of its rounds, max(1, count // "
+            f"pipeline_parallel_degree {pp})"
         )
-    return effective // layers_per_stage // pp
+    else:
+        return
+    if not ok(n_micro):
+        valid = [m for m in range(1, batch + 1) if batch % m == 0 and ok(batch // m)]
+        raise ValueError(
+            f"[parallelism] pipeline_parallel_microbatch_size = {batch // n_micro} gives "
+            f"{n_micro} microbatches (training.local_batch_size {batch}); "
+            f"pipeline_parallel_schedule {schedule!r} needs {rule}; valid microbatch sizes: "
+            f"{valid}" + ("" if valid else " (none: raise training.local_batch_size)")
+        )
+
+
+def _check_split_backward(config) -> None:
+    """Selective activation checkpointing cannot run under a schedule that splits
+    backward: its saved or recomputed values can be backpropagated once, and the
+    weight pass is a second backward over the same region (torch raises "Trying to
+    backward an extra time ... selective activation checkpoint" at step 1). Plain
+    (non-selective) checkpointing recomputes per backward and trains."""
+    schedule = config.parallelism.pipeline_parallel_schedule
+    if not splits_backward(schedule):
+        return
+    why = (
+        f"cannot be used with [parallelism] pipeline_parallel_schedule = {schedule!r}: that "
+        "schedule splits each backward into an input pass and a weight pass over the same "
+        "graph, and selective activation checkpointing can be backpropagated only once "
+        "(torch fails at step 1: 'Trying to backward an extra time'); "
+    )
+    instead = "or a schedule without split backward: 1F1B, GPipe, Interleaved1F1B, LoopedBFS"
+    latent = config.boost.latent_checkpoint
+    if latent != "none":
+        from boost_titan.config_check.common import bad
+
+        raise bad(
+            "boost",
+            "latent_checkpoint",
+            latent,
+            why + "set latent_checkpoint = 'none' and use [activation_checkpoint] mode = "
+            "'full' (or mode = 'selective' with a layer frequency, selective_ac_option = "
+            "'1'), " + instead,
+        )
+    ac = config.activation_checkpoint
+    if ac.mode == "selective" and ac.selective_ac_option == "op":
+        from boost_titan.config_check.common import bad
+
+        raise bad(
+            "activation_checkpoint",
+            "selective_ac_option",
+            "op",
+            why + "use mode = 'full', or selective_ac_option = a layer frequency (e.g. "
+            "'1': every block, fully recomputed), " + instead,
+        )
 
 
 def check_pipeline_config(config, n_layers: int) -> None:
@@ -111,11 +210,14 @@ def check_pipeline_config(config, n_layers: int) -> None:
     weights torchtitan gives the embedding and the LM head). torchtitan would silently
     build unequal stages, and the slowest stage sets the pace of every step. An
     explicit ``module_fqns_per_model_part`` is taken as written, once checked to hold
-    every layer exactly once, in order."""
+    every layer exactly once, in order. Either way the stages per rank must be what the
+    schedule places (``_STAGE_RULES``), the microbatch count what it accepts, and
+    selective checkpointing is refused under split-backward schedules."""
     par = config.parallelism
     pp = par.pipeline_parallel_degree
     if pp <= 1:
         return
+    schedule = par.pipeline_parallel_schedule
     batch, micro = config.training.local_batch_size, par.pipeline_parallel_microbatch_size
     if micro < 1 or batch % micro:
         raise ValueError(
@@ -123,54 +225,65 @@ def check_pipeline_config(config, n_layers: int) -> None:
             f"training.local_batch_size = {batch}; valid microbatch sizes: "
             f"{[m for m in range(1, batch + 1) if batch % m == 0]}"
         )
+    _check_split_backward(config)
+    needs, rule_text, rule_ok = _stage_rule(schedule)
     first_less = par.pipeline_parallel_first_stage_less_layers
     last_less = par.pipeline_parallel_last_stage_less_layers
     explicit = par.module_fqns_per_model_part
     if explicit:
         _check_explicit_split(explicit, n_layers, pp)
+        per_rank = len(explicit) // pp
+        if not rule_ok(per_rank):
+            raise ValueError(
+                f"[parallelism] module_fqns_per_model_part lists {len(explicit)} stages, "
+                f"{per_rank} per rank over pipeline_parallel_degree {pp}; the {needs} "
+                f"(list {pp if rule_text.startswith('exactly 1') else 2 * pp}"
+                f"{'' if rule_text.startswith('exactly') else ' or more'} stages)"
+            )
+        _check_microbatches(schedule, batch // micro, pp, per_rank, batch)
         return
+    effective = n_layers + first_less + last_less
+    layers = (
+        f"{effective} effective layers ({n_layers} layers + first_stage_less_layers "
+        f"{first_less} + last_stage_less_layers {last_less})"
+    )
     lps = par.pipeline_parallel_layers_per_stage
     if lps is not None:
-        from torch.distributed.pipelining.schedules import (
-            PipelineScheduleSingle,
-            get_schedule_class,
-        )
-
-        effective = n_layers + first_less + last_less
         valid = [
-            k for k in range(1, effective + 1) if effective % k == 0 and (effective // k) % pp == 0
+            k
+            for k in range(1, effective + 1)
+            if effective % k == 0 and (effective // k) % pp == 0 and rule_ok(effective // k // pp)
         ]
-        single = issubclass(
-            get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle
-        )
-        if single:
-            valid = [k for k in valid if effective // k == pp]
         if lps not in valid:
-            stage_note = (
-                " (single-stage schedule " + par.pipeline_parallel_schedule + ")" if single else ""
-            )
+            if effective % lps:
+                why = f"does not divide the {layers}"
+            elif (effective // lps) % pp:
+                why = (
+                    f"splits the {layers} into {effective // lps} stages, not a multiple of "
+                    f"pipeline_parallel_degree {pp}"
+                )
+            else:
+                why = (
+                    f"splits the {layers} into {effective // lps} stages, "
+                    f"{effective // lps // pp} per rank over pipeline_parallel_degree {pp}; "
+                    f"the {needs}"
+                )
             raise ValueError(
-                f"[parallelism] pipeline_parallel_layers_per_stage = {lps} does not divide the "
-                f"{effective} effective layers ({n_layers} layers + first_stage_less_layers "
-                f"{first_less} + last_stage_less_layers {last_less}) into "
-                f"{'exactly one stage per rank' if single else 'a multiple of'} "
-                f"pipeline_parallel_degree {pp}{stage_note}"
-                f"; valid values: {valid}"
+                f"[parallelism] pipeline_parallel_layers_per_stage = {lps} {why}; valid "
+                f"values for {schedule} (exact split, {rule_text}): {valid}"
+                + ("" if valid else " (none: change the layer weights, the degree or the schedule)")
             )
-    per_rank = _stages_per_rank(
-        par.pipeline_parallel_schedule, lps, n_layers, first_less, last_less, pp
-    )
+        per_rank = effective // lps // pp
+    else:
+        per_rank = 1 if schedule_kind(schedule) == "single" else 2
     stages = pp * per_rank
-    effective = n_layers + first_less + last_less
     if stages > effective or effective % stages:
         raise ValueError(
             f"{stages} pipeline stages (pipeline_parallel_degree {pp} x {per_rank} per rank for "
-            f"{par.pipeline_parallel_schedule}) do not divide the {effective} effective layers "
-            f"({n_layers} layers + first_stage_less_layers {first_less} + "
-            f"last_stage_less_layers {last_less}); change those two weights so the sum is a "
+            f"{schedule}) do not divide the {layers}; change those two weights so the sum is a "
             f"multiple of {stages}, set pipeline_parallel_layers_per_stage, or list the stages "
             f"in module_fqns_per_model_part ([parallelism] pipeline_parallel_degree = {pp}, "
-            f"pipeline_parallel_schedule = {par.pipeline_parallel_schedule!r}, "
+            f"pipeline_parallel_schedule = {schedule!r}, "
             f"pipeline_parallel_first_stage_less_layers = {first_less}, "
             f"pipeline_parallel_last_stage_less_layers = {last_less})"
         )
@@ -181,6 +294,7 @@ def check_pipeline_config(config, n_layers: int) -> None:
             f"pipeline_parallel_last_stage_less_layers = {last_less}: a stage's weight exceeds the "
             f"{per_stage} effective layers of each of the {stages} stages; valid: 0 .. {per_stage}"
         )
+    _check_microbatches(schedule, batch // micro, pp, per_rank, batch)
 
 
 def _check_explicit_split(parts: list[list[str]], n_layers: int, pp: int) -> None:

@@ -95,8 +95,10 @@ FIXED: list[tuple[Case, str, str]] = [
             [["parallelism", "pipeline_parallel_layers_per_stage", "2"]],
         ),
         "clean",
-        "[parallelism] pipeline_parallel_layers_per_stage = 2 does not divide "
-        "the 6 effective layers",
+        "[parallelism] pipeline_parallel_layers_per_stage = 2 splits the 6 effective layers "
+        "(4 layers + first_stage_less_layers 1 + last_stage_less_layers 1) into 3 stages, not a "
+        "multiple of pipeline_parallel_degree 2; valid values for 1F1B (exact split, exactly 1 "
+        "stage per rank): [3]",
     ),
     (
         Case(

@@ -35,6 +35,15 @@ def test_all_configs_parse():
     assert len(out.stdout.strip().splitlines()) == len(TOMLS)
 
 
+_PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+_NO_LESS = [
+    "--parallelism.pipeline_parallel_first_stage_less_layers",
+    "0",
+    "--parallelism.pipeline_parallel_last_stage_less_layers",
+    "0",
+]
+_ZBV = ["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"]
+
 BAD = [
     (["--boost.tp_plan", "megatron"], "tp_plan = 'megatron' is not valid; choose one of"),
     (["--boost.rmsnorm", "fast"], "rmsnorm = 'fast' is not valid"),
@@ -96,6 +105,141 @@ BAD = [
         ],
         "pipeline_parallel_layers_per_stage = 4 does not divide the 6 effective layers",
     ),
+    # stages per rank as torch 2.13 / torchtitan 0.2.2 place them (issue 29, defect 4):
+    # V schedules exactly 2, other multi-stage schedules >= 2, single-stage exactly 1
+    (
+        [*_PP2, *_NO_LESS, *_ZBV, "--parallelism.pipeline_parallel_layers_per_stage", "2"],
+        "layers_per_stage = 2 splits the 4 effective layers (4 layers + "
+        "first_stage_less_layers 0 + last_stage_less_layers 0) into 2 stages, 1 per rank over "
+        "pipeline_parallel_degree 2; the V schedule ZBVZeroBubble needs exactly 2 stages per "
+        "rank; valid values for ZBVZeroBubble (exact split, exactly 2 stages per rank): [1]",
+    ),
+    (
+        [*_PP2, *_ZBV, "--parallelism.pipeline_parallel_layers_per_stage", "1"],
+        "into 6 stages, 3 per rank over pipeline_parallel_degree 2; the V schedule "
+        "ZBVZeroBubble needs exactly 2 stages per rank; valid values for ZBVZeroBubble (exact "
+        "split, exactly 2 stages per rank): [] (none: change the layer weights",
+    ),
+    (
+        [
+            *_PP2,
+            *_NO_LESS,
+            "--parallelism.pipeline_parallel_schedule",
+            "Interleaved1F1B",
+            "--parallelism.pipeline_parallel_layers_per_stage",
+            "2",
+        ],
+        "into 2 stages, 1 per rank over pipeline_parallel_degree 2; the multi-stage schedule "
+        "Interleaved1F1B needs at least 2 stages per rank; valid values for Interleaved1F1B "
+        "(exact split, at least 2 stages per rank): [1]",
+    ),
+    (
+        [
+            *_PP2,
+            *_NO_LESS,
+            "--parallelism.pipeline_parallel_schedule",
+            "GPipe",
+            "--parallelism.pipeline_parallel_layers_per_stage",
+            "1",
+        ],
+        "into 4 stages, 2 per rank over pipeline_parallel_degree 2; the single-stage schedule "
+        "GPipe needs exactly 1 stage per rank; valid values for GPipe (exact split, exactly 1 "
+        "stage per rank): [2]",
+    ),
+    # microbatch counts torch 2.13's schedules accept
+    (
+        [*_PP2, "--parallelism.pipeline_parallel_microbatch_size", "4"],
+        "pipeline_parallel_microbatch_size = 4 gives 1 microbatches (training.local_batch_size "
+        "4); pipeline_parallel_schedule '1F1B' needs at least 2 microbatches (one per stage); "
+        "valid microbatch sizes: [1, 2]",
+    ),
+    (
+        [
+            *_PP2,
+            *_NO_LESS,
+            "--parallelism.pipeline_parallel_schedule",
+            "DualPipeV",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+        "pipeline_parallel_microbatch_size = 2 gives 2 microbatches (training.local_batch_size "
+        "4); pipeline_parallel_schedule 'DualPipeV' needs at least 4 microbatches (one per "
+        "stage); valid microbatch sizes: [1]",
+    ),
+    (
+        [
+            *_PP2,
+            *_NO_LESS,
+            "--parallelism.pipeline_parallel_schedule",
+            "Interleaved1F1B",
+            "--training.local_batch_size",
+            "10",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+        "gives 5 microbatches (training.local_batch_size 10); pipeline_parallel_schedule "
+        "'Interleaved1F1B' needs a microbatch count that is a multiple of its rounds, "
+        "max(1, count // pipeline_parallel_degree 2); valid microbatch sizes: [1, 5, 10]",
+    ),
+    # selective checkpointing under split-backward schedules (issue 29, defect 2)
+    *[
+        (
+            [*_PP2, *_NO_LESS, "--parallelism.pipeline_parallel_schedule", schedule, *option],
+            f"{refused} cannot be used with [parallelism] pipeline_parallel_schedule = "
+            f"'{schedule}': that schedule splits each backward into an input pass and a weight "
+            "pass",
+        )
+        for schedule, option, refused in (
+            (
+                "InterleavedZeroBubble",
+                ["--boost.latent_checkpoint", "both"],
+                "[boost] latent_checkpoint = 'both'",
+            ),
+            ("ZBVZeroBubble", ["--boost.latent_checkpoint", "mlp"], "latent_checkpoint = 'mlp'"),
+            (
+                "DualPipeV",
+                ["--boost.latent_checkpoint", "attention"],
+                "latent_checkpoint = 'attention'",
+            ),
+            (
+                "InterleavedZeroBubble",
+                [
+                    "--activation_checkpoint.mode",
+                    "selective",
+                    "--activation_checkpoint.selective_ac_option",
+                    "op",
+                ],
+                "[activation_checkpoint] selective_ac_option = 'op'",
+            ),
+        )
+    ],
+]
+
+# what those rules still accept (each refused above when the rule is wrong)
+GOOD = [
+    [*_PP2, *_NO_LESS, *_ZBV, "--parallelism.pipeline_parallel_layers_per_stage", "1"],
+    [*_PP2, *_NO_LESS, *_ZBV, "--activation_checkpoint.mode", "full"],
+    [
+        *_PP2,
+        *_NO_LESS,
+        "--parallelism.pipeline_parallel_schedule",
+        "InterleavedZeroBubble",
+        "--activation_checkpoint.mode",
+        "selective",
+        "--activation_checkpoint.selective_ac_option",
+        "1",
+    ],
+    [
+        *_PP2,
+        *_NO_LESS,
+        "--parallelism.pipeline_parallel_schedule",
+        "LoopedBFS",
+        "--parallelism.pipeline_parallel_layers_per_stage",
+        "1",
+        "--boost.latent_checkpoint",
+        "both",
+    ],
+    [*_PP2, "--parallelism.pipeline_parallel_microbatch_size", "2"],
 ]
 
 _CHECK_BAD = """
@@ -116,7 +260,8 @@ print(json.dumps(errors))
 
 @pytest.fixture(scope="module")
 def bad_config_errors():
-    """The error of every BAD case, from one interpreter (imports dominate the cost)."""
+    """The error of every BAD case, then None or the error of every GOOD case, from one
+    interpreter (imports dominate the cost)."""
     import json
 
     out = subprocess.run(
@@ -125,7 +270,7 @@ def bad_config_errors():
             "-c",
             _CHECK_BAD,
             str(REPO / "train_configs/debug_cola_btp_tp2.toml"),
-            json.dumps([bad for bad, _ in BAD]),
+            json.dumps([bad for bad, _ in BAD] + GOOD),
         ],
         capture_output=True,
         text=True,
@@ -141,3 +286,51 @@ def test_bad_config_values_fail_early(bad_config_errors, case):
     error = bad_config_errors[case]
     assert error is not None, f"{bad} was accepted"
     assert message in error, error
+
+
+@pytest.mark.parametrize("case", range(len(GOOD)), ids=[" ".join(g) for g in GOOD])
+def test_good_pipeline_configs_pass(bad_config_errors, case):
+    assert bad_config_errors[len(BAD) + case] is None
+
+
+def _pp_config(schedule: str, parts, micro: int = 1):
+    from types import SimpleNamespace as NS
+
+    return NS(
+        parallelism=NS(
+            pipeline_parallel_degree=2,
+            pipeline_parallel_schedule=schedule,
+            pipeline_parallel_microbatch_size=micro,
+            pipeline_parallel_first_stage_less_layers=0,
+            pipeline_parallel_last_stage_less_layers=0,
+            pipeline_parallel_layers_per_stage=None,
+            module_fqns_per_model_part=parts,
+        ),
+        training=NS(local_batch_size=4),
+        boost=NS(latent_checkpoint="none"),
+        activation_checkpoint=NS(mode="none", selective_ac_option="2"),
+    )
+
+
+def test_explicit_stage_lists_follow_the_schedules_stage_rule():
+    """module_fqns_per_model_part: the stages per rank obey the same rule as the
+    automatic split (V: exactly 2, multi-stage: >= 2, single-stage: exactly 1)."""
+    from boost_titan.pipeline import check_pipeline_config
+
+    two = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "output"]]
+    four = [["tok_embeddings", "layers.0"], ["layers.1"], ["layers.2"], ["layers.3", "output"]]
+    for schedule in ("1F1B", "GPipe"):
+        check_pipeline_config(_pp_config(schedule, two), 4)
+        with pytest.raises(ValueError, match=f"single-stage schedule {schedule} needs exactly 1"):
+            check_pipeline_config(_pp_config(schedule, four), 4)
+    for schedule in ("ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "InterleavedZeroBubble"):
+        check_pipeline_config(_pp_config(schedule, four), 4)
+    with pytest.raises(
+        ValueError,
+        match=r"module_fqns_per_model_part lists 2 stages, 1 per rank over "
+        r"pipeline_parallel_degree 2; the V schedule ZBVZeroBubble needs exactly 2 stages per "
+        r"rank \(list 4 stages\)",
+    ):
+        check_pipeline_config(_pp_config("ZBVZeroBubble", two), 4)
+    with pytest.raises(ValueError, match="multi-stage schedule LoopedBFS needs at least 2"):
+        check_pipeline_config(_pp_config("LoopedBFS", two), 4)

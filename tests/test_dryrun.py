@@ -5,7 +5,8 @@ Ground truth: ``--measure`` builds the same config on real gloo ranks (forked wi
 torchrun's environment, tests/launcher.py), steps it on real tensors and measures what
 the dry run traces: local parameter, gradient and optimizer-state bytes (real backward
 and AdamW step), the bytes autograd saves for one microbatch per stage (saved-tensor
-hooks, not MemTracker), and the collectives counted on the TP process group. Exact
+hooks, not MemTracker), and the collectives counted on the TP process group over a
+whole step (every accumulation step; with PP through the real schedule). Exact
 for all but activations; activations within 10% (the dry run also counts a non-last
 stage's live output, which is not saved).
 """
@@ -40,7 +41,7 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
-def _measured(config: str, ngpu: int) -> dict:
+def _measured(config: str, ngpu: int, *extra: str) -> dict:
     """``torchrun --nproc-per-node ngpu -m boost_titan.dryrun ... --measure --json``."""
     proc = run_main(
         "boost_titan.dryrun.cli",
@@ -50,6 +51,7 @@ def _measured(config: str, ngpu: int) -> dict:
         str(ngpu),
         "--measure",
         "--json",
+        *extra,
         nproc=ngpu,
         env={"OMP_NUM_THREADS": "1"},
     )
@@ -57,17 +59,24 @@ def _measured(config: str, ngpu: int) -> dict:
     return json.loads(proc.stdout[proc.stdout.index("{") :])  # only rank 0 prints
 
 
+# global batch 8 = 2 accumulation steps of local batch 4 (TP2 and TP2 x PP2: DP 1)
+_ACCUM2 = ("--training.global_batch_size", "8")
+
+
 @pytest.mark.parametrize(
-    "config,ngpu",
+    "config,ngpu,extra",
     [
-        ("train_configs/debug_cola_btp_tp2.toml", 2),
-        ("train_configs/debug_cola_btp_tp2_fsdp2.toml", 4),
-        ("train_configs/debug_cola_btp_tp2_pp2_interleaved.toml", 4),
-        ("train_configs/debug_lax_pp2.toml", 2),
+        ("train_configs/debug_cola_btp_tp2.toml", 2, _ACCUM2),
+        ("train_configs/debug_cola_btp_tp2_fsdp2.toml", 4, ()),
+        ("train_configs/debug_cola_btp_tp2_pp2_interleaved.toml", 4, _ACCUM2),
+        ("train_configs/debug_lax_pp2.toml", 2, ()),
     ],
 )
-def test_dry_run_equals_real_ranks(config, ngpu):
-    dry, real = _json(_dry(config, ngpu, "--json")), _measured(config, ngpu)
+def test_dry_run_equals_real_ranks(config, ngpu, extra):
+    """TP bytes and collectives per step: measured over a whole step on the real ranks
+    (every accumulation step, through the real pipeline schedule), traced per
+    microbatch and multiplied by the step's microbatches x accumulation steps."""
+    dry, real = _json(_dry(config, ngpu, "--json", *extra)), _measured(config, ngpu, *extra)
     assert len(dry["roles"]) == len(real["roles"]) >= 1
     for d, r in zip(dry["roles"], real["roles"]):
         print(config, d["role"], "activations dry", d["stage_activation_bytes"], "real",
@@ -81,6 +90,12 @@ def test_dry_run_equals_real_ranks(config, ngpu):
             assert abs(a - b) <= 0.1 * b, (a, b)
     if "tp2" in config:
         assert dry["roles"][0]["tp_collectives_per_step"] > 0
+    if extra and "pp2" in config:
+        # closed form: 2 accumulation steps carry twice the TP traffic of one (issue 29)
+        one = _json(_dry(config, ngpu, "--json"))
+        for d, o in zip(dry["roles"], one["roles"]):
+            for key in ("tp_bytes_per_step", "tp_collectives_per_step"):
+                assert d[key] == 2 * o[key], (key, d[key], o[key])
 
 
 def _recipes() -> list[tuple[str, int, int]]:

@@ -213,12 +213,15 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
         stages = getattr(schedule, "_stages", None) or [schedule._stage]
         stage_ids = [st.stage_index for st in stages]
         n_mb = schedule._n_microbatches
-        mb, step_mbs = p.pipeline_parallel_microbatch_size, n_mb
+        mb = p.pipeline_parallel_microbatch_size
     else:
         schedule, parts, stage_ids = None, [parallelize_boost(model, pd, config)], [0]
         mb, n_mb = config.training.local_batch_size, 1
-        gbs, dp = config.training.global_batch_size, pd.dp_replicate * pd.dp_shard
-        step_mbs = gbs // (mb * dp) if gbs > 0 else 1  # gradient accumulation
+    # gradient accumulation: torchtitan runs the local batch (with PP: the schedule's
+    # n_mb microbatches) this many times per optimizer step
+    gbs, dp = config.training.global_batch_size, pd.dp_replicate * pd.dp_shard
+    accum = gbs // (config.training.local_batch_size * dp) if gbs > 0 else 1
+    step_mbs = n_mb * accum
     seq = config.training.seq_len
     act_dtype = TORCH_DTYPE_MAP[
         config.training.mixed_precision_param if pd.fsdp_enabled else config.training.dtype
@@ -281,6 +284,22 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
                     outs = []
                     stage_act.append(_saved_bytes(lambda: outs.append(forward(k)), parts))  # noqa: B023
                     backward(outs[0])
+        if not fake:
+            # measured: the TP collectives of one whole step as the trainer runs it
+            # (accum x the local batch, through the real schedule with PP), not the
+            # per-microbatch count times step_mbs the dry run reports
+            counter = _GroupCounter()
+            if schedule is not None:
+                # the schedule's first step infers the stages' shapes, running their
+                # forwards once more: not part of a training step
+                with _loss_context(pd):
+                    _schedule_step(schedule, stages, args, config, gen)
+            with counter.hook, _loss_context(pd):
+                for _ in range(accum):
+                    if schedule is None:
+                        backward(forward(0))
+                    else:
+                        _schedule_step(schedule, stages, args, config, gen)
     act_of = dict(zip(stage_ids, stage_act))
     notes = []
     if schedule is None:
@@ -303,7 +322,24 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
         # traced: the peak with one microbatch in flight; add the others' activations
         peak_bytes=max(stage_peak) + act_peak - max(stage_act) if fake else 0,
         # traced: one microbatch per stage; a step runs step_mbs through each
-        tp_bytes_per_step=tp_bytes * step_mbs,
-        tp_collectives_per_step=tp_count * step_mbs,
+        # (measured: counted over a whole step, above)
+        tp_bytes_per_step=tp_bytes * step_mbs if fake else tp_bytes,
+        tp_collectives_per_step=tp_count * step_mbs if fake else tp_count,
         notes=notes,
     )
+
+
+def _schedule_step(schedule, stages, args, config, gen) -> None:
+    """One pipelined forward/backward of the local batch on real ranks, as
+    ``boost_titan.pipeline.pipeline_forward_backward`` runs it."""
+    import torch
+
+    shape = (config.training.local_batch_size, config.training.seq_len)
+    tokens = torch.randint(0, args.vocab_size, shape, generator=gen)
+    labels = torch.randint(0, args.vocab_size, shape, generator=gen)
+    last = any(st.is_last for st in stages)
+    target, losses = (labels, []) if last else (None, None)
+    if any(st.is_first for st in stages):
+        schedule.step(tokens, target=target, losses=losses, return_outputs=False)
+    else:
+        schedule.step(target=target, losses=losses, return_outputs=False)
