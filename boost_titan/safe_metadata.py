@@ -232,28 +232,33 @@ def _refused_globals(value: io.BytesIO, e: pickle.UnpicklingError) -> str:
     return f"is refused by torch's weights-only loader: {first}"
 
 
+def dataloader_state(blob: bytes, key: str) -> Any:
+    """A data loader's pickled state unpickled with no global allowed: torchtitan's
+    text datasets (boost_corpus, local_text, ...) and torchdata's StatefulDataLoader
+    save dicts, lists, ints, bools and None only (checked on real checkpoints)."""
+
+    def refuse(name: str) -> UntrustedCheckpointError:
+        return _refusal(
+            _where(),
+            f"its data loader state {key} refers to {name}, which data loader state is not made of",
+            "no global: plain data",
+        )
+
+    return _Unpickler(io.BytesIO(blob), frozenset(), refuse).load()
+
+
 _torchtitan_load_dataloader_state = None
 
 
 def load_dataloader_state(self, state_dict: dict[str, Any]) -> None:
     """torchtitan's ``ParallelAwareDataloader.load_state_dict``, which ``pickle.loads``
-    this rank's state, after that pickle has been unpickled once with no global
-    allowed: torchtitan's text datasets save dicts, lists, ints and None only. A pickle
+    this rank's state, after :func:`dataloader_state` has read that pickle. A pickle
     that names no global cannot call anything, so torchtitan's own ``pickle.loads`` of
     the same bytes then builds the same plain data; its method (checks, warning) is
     kept as it is."""
     blob = state_dict.get(self._rank_id) if state_dict else None
     if isinstance(blob, (bytes, bytearray)):
-
-        def refuse(name: str) -> UntrustedCheckpointError:
-            return _refusal(
-                _where(),
-                f"its data loader state {self._rank_id} refers to {name}, which data "
-                "loader state is not made of",
-                "no global: plain data",
-            )
-
-        _Unpickler(io.BytesIO(blob), frozenset(), refuse).load()
+        dataloader_state(blob, self._rank_id)
     _torchtitan_load_dataloader_state(self, state_dict)
 
 
