@@ -20,8 +20,8 @@ folder, the item and the refused global, raised before anything is built from it
 - the data loader's own state, a pickle inside its bytes item (torchtitan's
   ``ParallelAwareDataloader.load_state_dict``: ``pickle.loads``):
   :func:`load_dataloader_state` unpickles it first with no global allowed at all (the
-  state of torchtitan's text datasets is made of dicts, lists, ints and None), then
-  hands it to torchtitan's method.
+  state of torchtitan's text datasets and torchdata's loader, with or without workers,
+  is made of dicts, lists, ints and None), then hands it to torchtitan's method.
 
 Tensor items were already safe (torch reads each with ``weights_only=True``). Still
 trusted: torch's own weights-only allowlist (and anything this process adds to it with
@@ -184,7 +184,8 @@ _torch_create_local_plan = DefaultLoadPlanner.create_local_plan
 def create_local_plan(self: DefaultLoadPlanner) -> LoadPlan:
     """torch's plan, refused if it would read a pickle where this load expects a
     tensor: the metadata decides an item's kind, so a crafted one could declare a model
-    weight a bytes item (loaded weights-only below, still no item of ours)."""
+    weight a bytes item, and DCP would put whatever that pickle unpickles to (even
+    weights-only) in the weight's place."""
     plan = _torch_create_local_plan(self)
     for item in plan.items:
         key = item.dest_index.fqn
