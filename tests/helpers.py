@@ -141,6 +141,7 @@ def assert_safe_metadata(step_dir: str | os.PathLike) -> None:
     allowlists cover every global this layout's checkpoints are made of (plain pickle
     only on our own checkpoints)."""
     import pickle
+    import warnings
 
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
@@ -153,7 +154,9 @@ def assert_safe_metadata(step_dir: str | os.PathLike) -> None:
     assert safe_metadata.installed()
     keys = {k for k, v in meta.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
     if keys:
-        items = _load_state_dict_from_keys(keys, checkpoint_id=str(step_dir))
+        with warnings.catch_warnings():  # one process, no process group: the point here
+            warnings.filterwarnings("ignore", "torch.distributed is unavailable")
+            items = _load_state_dict_from_keys(keys, checkpoint_id=str(step_dir))
         for key, blob in items.get("dataloader", {}).items():
             if key != "world_size":
                 assert safe_metadata.dataloader_state(blob, key) == pickle.loads(blob), key
