@@ -135,11 +135,28 @@ def run_main(
 
 def assert_safe_metadata(step_dir: str | os.PathLike) -> None:
     """The step folder's DCP ``.metadata`` reads through ``boost_titan.safe_metadata``'s
-    allowlist to exactly what plain ``pickle`` reads: the allowlist covers every global
-    this layout's checkpoints are made of (plain pickle only on our own checkpoints)."""
+    allowlist to exactly what plain ``pickle`` reads, and its pickled items (train
+    state, LR schedulers, optimizer settings, the data loader's state) load through the
+    installed weights-only item reader and the data loader's no-global reader: the
+    allowlists cover every global this layout's checkpoints are made of (plain pickle
+    only on our own checkpoints)."""
     import pickle
+    import warnings
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     from boost_titan import safe_metadata
 
     data = (Path(step_dir) / ".metadata").read_bytes()
-    assert safe_metadata.loads(data, str(step_dir)) == pickle.loads(data), step_dir
+    meta = safe_metadata.loads(data, str(step_dir))
+    assert meta == pickle.loads(data), step_dir
+    assert safe_metadata.installed()
+    keys = {k for k, v in meta.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
+    if keys:
+        with warnings.catch_warnings():  # one process, no process group: the point here
+            warnings.filterwarnings("ignore", "torch.distributed is unavailable")
+            items = _load_state_dict_from_keys(keys, checkpoint_id=str(step_dir))
+        for key, blob in items.get("dataloader", {}).items():
+            if key != "world_size":
+                assert safe_metadata.dataloader_state(blob, key) == pickle.loads(blob), key

@@ -2,10 +2,12 @@
 ``.metadata`` pickles ``os.system(...)`` is refused, naming the folder and the global,
 before anything is built from it, through every way a checkpoint is loaded:
 ``--checkpoint.initial_load_path``, resuming from the dump folder, and
-``python -m boost_titan.checkpoint export``. The allowlist is complete for what we
-write: the checkpoint tests (test_checkpoints, test_composition, test_loro_ranks) pass
-each layout's checkpoint through ``helpers.assert_safe_metadata``; this file adds the
-one layout they do not save, one process with the optimizer."""
+``python -m boost_titan.checkpoint export``; so are a pickled (bytes) item that names
+such a global or stands where a tensor is expected, and a data loader state that does.
+The allowlists are complete for what we write: the checkpoint tests (test_checkpoints,
+test_composition, test_loro_ranks) pass each layout's checkpoint, its pickled items
+included, through ``helpers.assert_safe_metadata``; this file adds the one layout they
+do not save, one process with the optimizer."""
 
 from __future__ import annotations
 
@@ -160,24 +162,81 @@ def _keys(step_dir) -> list[str]:
     return list(safe_metadata.loads(data, str(step_dir)).state_dict_metadata)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not yet closed (issue #32 follow-up): DCP's DefaultLoadPlanner.load_bytes "
-    "unpickles non-tensor items with torch.load(weights_only=False)",
-)
+def _dcp_load_refused(state, step_dir) -> str:
+    """dcp.load's refusal line (DCP wraps a refusal raised while it reads)."""
+    import torch.distributed.checkpoint as dcp
+
+    from boost_titan import safe_metadata
+
+    with pytest.raises(BaseException) as info:
+        dcp.load(state, checkpoint_id=str(step_dir), no_dist=True)
+    refused = safe_metadata.refusal_in(info.value)
+    assert refused is not None, info.value
+    return str(refused)
+
+
 def test_a_bytes_item_in_an_allowlisted_checkpoint_runs_no_code(tmp_path):
     """The hole the metadata allowlist leaves: .metadata made only of allowed classes
-    may declare any key a bytes item, and DCP then torch.loads that item's pickle
-    without weights_only, even where the loader asked for a tensor (a model-only
-    initial_load_path does)."""
+    may declare any key a bytes item. Where the loader asks for a tensor (a model-only
+    initial_load_path does) the load is refused before anything is unpickled; where it
+    asks for an object (train state, optimizer settings), the item is read weights-only
+    and refused by the global it names."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
 
     marker = tmp_path / "PWNED"
-    dcp.save({"w": _RunsCommand(f"touch {marker}")}, checkpoint_id=str(tmp_path), no_dist=True)
-    assert_safe_metadata(tmp_path)  # the metadata passes the allowlist
-    try:
-        dcp.load({"w": torch.empty(3)}, checkpoint_id=str(tmp_path), no_dist=True)
-    except (Exception, CheckpointException):  # whether it fails afterwards is not the point
-        pass
+    step = tmp_path / "step-5"
+    dcp.save({"w": _RunsCommand(f"touch {marker}")}, checkpoint_id=str(step), no_dist=True)
+    assert_safe_metadata_only(step)  # the metadata passes the allowlist
+    line = _dcp_load_refused({"w": torch.empty(3)}, step)
+    assert line == (
+        f"checkpoint {step} was not loaded: its .metadata declares w a pickled (bytes) item, "
+        "where this load expects a tensor; it is not a DCP checkpoint boost_titan wrote or trusts"
+    )
+    line = _dcp_load_refused({"w": 0}, step)
+    assert line.startswith(
+        f"checkpoint {step} was not loaded: its item w refers to posix.system, which no item "
+        "boost_titan saves is made of"
+    ), line
     assert not marker.exists(), "a bytes item's pickle ran a command"
+
+
+def test_data_loader_state_is_unpickled_with_no_global(tmp_path):
+    """torchtitan's data loader pickles its state inside its bytes item and
+    ``pickle.loads`` it on every full resume: that pickle is read with no global
+    allowed first, so a crafted one is refused (naming the folder, the rank's key and
+    the global) and torchtitan's loads never sees it; plain state still loads."""
+    import torch.distributed.checkpoint as dcp
+    from torch.utils.data import IterableDataset
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+
+    class _Numbers(IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    loader = ParallelAwareDataloader(_Numbers(), dp_rank=0, dp_world_size=1, batch_size=2)
+    next(iter(loader))
+    marker = tmp_path / "PWNED"
+    evil = {"dp_rank_0": pickle.dumps(_RunsCommand(f"touch {marker}")), "world_size": 1}
+    step = tmp_path / "step-7"
+    dcp.save({"dataloader": evil}, checkpoint_id=str(step), no_dist=True)
+    assert_safe_metadata_only(step)
+    with pytest.raises(BaseException) as info:  # DCP hands the state over after its read
+        dcp.load({"dataloader": loader}, checkpoint_id=str(step), no_dist=True)
+    assert str(info.value).startswith(
+        f"checkpoint {step} was not loaded: its data loader state dp_rank_0 refers to "
+        "posix.system, which data loader state is not made of"
+    ), info.value
+    assert not marker.exists(), "the data loader's pickle ran a command"
+
+    state = loader.state_dict()
+    fresh = ParallelAwareDataloader(_Numbers(), dp_rank=0, dp_world_size=1, batch_size=2)
+    fresh.load_state_dict(state)
+    assert next(iter(fresh)).tolist() == [2, 3]  # resumed after the first batch
+
+
+def assert_safe_metadata_only(step_dir) -> None:
+    """The crafted folders above pass the metadata allowlist (their items are the point)."""
+    from boost_titan import safe_metadata
+
+    data = (step_dir / ".metadata").read_bytes()
+    assert safe_metadata.loads(data, str(step_dir)) == pickle.loads(data)
