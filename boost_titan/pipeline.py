@@ -177,6 +177,14 @@ def _check_split_backward(config) -> None:
         "(torch fails at step 1: 'Trying to backward an extra time'); "
     )
     instead = "or a schedule without split backward: 1F1B, GPipe, Interleaved1F1B, LoopedBFS"
+    if config.compile.enable and "model" in config.compile.components:
+        raise ValueError(
+            f"[compile] enable = true cannot be used with [parallelism] "
+            f"pipeline_parallel_schedule = {schedule!r}: torch {torch.__version__} refuses "
+            "compiled stage modules under schedules that split backward into input and "
+            "weight passes ('not supported with stage modules that have used torch.compile', "
+            "at the first step); set [compile] enable = false, " + instead
+        )
     latent = config.boost.latent_checkpoint
     if latent != "none":
         from boost_titan.config_check.common import bad
@@ -226,6 +234,13 @@ def check_pipeline_config(config, n_layers: int) -> None:
             f"{[m for m in range(1, batch + 1) if batch % m == 0]}"
         )
     _check_split_backward(config)
+    if schedule == "DualPipeV" and torch.accelerator.current_accelerator() is None:
+        raise ValueError(
+            "[parallelism] pipeline_parallel_schedule = 'DualPipeV' needs a GPU: torch "
+            f"{torch.__version__} runs its overlapped forward+backward on accelerator "
+            "streams (on CPU it fails at the first step: 'Accelerator expected'); on CPU use "
+            "ZBVZeroBubble, the same V-shaped stage placement"
+        )
     needs, rule_text, rule_ok = _stage_rule(schedule)
     first_less = par.pipeline_parallel_first_stage_less_layers
     last_less = par.pipeline_parallel_last_stage_less_layers

@@ -23,21 +23,6 @@ LOSS_RTOL = 2e-4  # measured: equal to the printed 5 decimals
 # figures), so grad norms of different layouts agree only to that
 GRAD_NORM_RTOL = 1.5e-3
 
-# PP2 alone, a stage per block (2 per rank: the embedding and head count as no layer),
-# microbatches of 1; + the schedule's name
-ZERO_BUBBLE = (
-    "--parallelism.tensor_parallel_degree",
-    "1",
-    "--parallelism.pipeline_parallel_layers_per_stage",
-    "1",
-    "--parallelism.pipeline_parallel_first_stage_less_layers",
-    "0",
-    "--parallelism.pipeline_parallel_last_stage_less_layers",
-    "0",
-    "--parallelism.pipeline_parallel_microbatch_size",
-    "1",
-    "--parallelism.pipeline_parallel_schedule",
-)
 # arch, config, processes, data-parallel degree, extra overrides
 LAYOUTS = [
     ("cola", "debug_cola_btp_tp2_fsdp2.toml", 4, 2, ()),
@@ -46,10 +31,6 @@ LAYOUTS = [
     ("lax", "debug_lax_pp2_fsdp2.toml", 4, 2, ()),
     ("svd", "debug_cola_btp_tp2_fsdp2.toml", 4, 2, ("--boost.latent_checkpoint", "both")),
     ("svd", "debug_svd_hsdp.toml", 4, 4, ()),
-    # zero-bubble schedules (split backward: weight gradients assigned to .grad as they
-    # come) with grouped B GEMMs and torchtitan's default (fused) AdamW
-    ("cola", "debug_cola_btp_tp2_pp2.toml", 2, 1, ZERO_BUBBLE + ("InterleavedZeroBubble",)),
-    ("lax", "debug_cola_btp_tp2_pp2.toml", 2, 1, ZERO_BUBBLE + ("ZBVZeroBubble",)),
     # compiled (each block and the loss): the same numbers as the eager single process.
     # aot_eager: what these compose (compiled blocks under FSDP2's hooks, inside
     # pipeline stages, recomputed chunks) lives in Dynamo and AOTAutograd; inductor's
@@ -151,7 +132,6 @@ def _last_stage(run):
         f"{'-compiled' if '--compile.enable' in e else ''}"
         f"{'-aot_eager' if 'aot_eager' in e else ''}"
         f"{'-ckpt' if '--boost.latent_checkpoint' in e else ''}"
-        f"{'-' + e[-1] if e[: len(ZERO_BUBBLE)] == ZERO_BUBBLE else ''}"
         for a, c, _, _, e in LAYOUTS
     ],
 )

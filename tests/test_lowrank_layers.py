@@ -278,7 +278,7 @@ def test_block_parameters_do_not_depend_on_grouping():
         assert torch.equal(sd[True][k], sd[False][k]), k
 
 
-@pytest.mark.parametrize("arch", ["cola", "lax"])
+@pytest.mark.parametrize("arch", ["dense", "svd", "cola", "lax"])
 def test_raw_gradients_have_their_parameters_layout(arch):
     """Gradients as autograd computes them (before AccumulateGrad copies them into the
     parameter's layout) are contiguous, grouped B's included: zero-bubble pipeline

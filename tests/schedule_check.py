@@ -1,0 +1,203 @@
+"""Every pipeline schedule against the single process, many cases per launch.
+
+Two gloo ranks (PP2) build each case as the trainer does (``parse_config``, the train
+spec's model args, torchtitan's ``pipeline_llm`` with ``parallelize_boost``, the spec's
+optimizer builder, boost_titan's token-mean pipeline loss) and train ``STEPS`` steps;
+every rank also trains the same model in one piece on the same batches, the
+reference. A case whose config is refused when parsed records the refusal instead.
+Used by ``tests/test_schedules.py``; run directly for one case:
+``python tests/schedule_check.py cola ZBVZeroBubble grouped``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from launcher import spawn
+
+PP = 2
+STEPS = 3  # step 1's loss precedes any update: steps 2-3 check two updates
+BATCH, SEQ = 4, 32
+SCHEDULES = (
+    "1F1B",
+    "GPipe",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
+SINGLE_STAGE = ("1F1B", "GPipe")  # one stage per rank; the others two
+FEATURES = {
+    "grouped": (),
+    "ungrouped": ("--boost.no-group-linears",),
+    "latent_checkpoint": ("--boost.latent_checkpoint", "both"),
+    # exact step at step 2 of 3: rewrites the factors between steps
+    # LORO needs W = B A (SVD models: no activation between the factors)
+    "loro": ("--optimizer.name", "LORO", "--optimizer.loro_freq", "2"),
+    "compiled": ("--compile.enable", "--compile.backend", "aot_eager"),
+}
+
+
+def argv(arch: str, schedule: str, feature: str) -> list[str]:
+    """The case's command line: debug model, fp32, one block per stage, microbatches
+    of one sample (4 per step), torchtitan's default (fused) AdamW unless LORO."""
+    per_stage = "2" if schedule in SINGLE_STAGE else "1"
+    return [
+        "--model.name",
+        f"{arch}_llama2",
+        "--training.seq_len",
+        str(SEQ),
+        "--training.local_batch_size",
+        str(BATCH),
+        "--training.mixed_precision_param",
+        "float32",
+        "--parallelism.pipeline_parallel_degree",
+        str(PP),
+        "--parallelism.pipeline_parallel_schedule",
+        schedule,
+        "--parallelism.pipeline_parallel_layers_per_stage",
+        per_stage,
+        "--parallelism.pipeline_parallel_first_stage_less_layers",
+        "0",
+        "--parallelism.pipeline_parallel_last_stage_less_layers",
+        "0",
+        "--parallelism.pipeline_parallel_microbatch_size",
+        "1",
+        "--activation_checkpoint.mode",
+        "none",
+        *FEATURES[feature],
+    ]
+
+
+def _model(config, args):
+    from boost_titan.models.model import Transformer
+
+    torch.manual_seed(0)  # the same weights on every rank and in the reference
+    model = Transformer(args)
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
+def _reference(config, args, batches) -> list[float]:
+    """The same training in one piece on this rank: the eager single process."""
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed import ParallelDims
+
+    from boost_titan.specs import build_optimizers
+
+    single = copy.deepcopy(config)
+    single.parallelism.pipeline_parallel_degree = 1
+    single.compile.enable = False
+    model = _model(single, args)
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    opt = build_optimizers([model], single.optimizer, dims)
+    losses = []
+    for tokens, labels in batches:
+        loss = cross_entropy_loss(model(tokens), labels) / labels.numel()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _pipelined(config, args, dims, batches) -> list[float] | None:
+    """The case under its schedule; the losses on the rank with the last stage."""
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+
+    from boost_titan.parallelize import parallelize_boost
+    from boost_titan.pipeline import build_loss_fn
+    from boost_titan.specs import build_optimizers
+
+    loss_fn = build_loss_fn(config)
+    schedule, parts, first, last = pipeline_llm(
+        _model(config, args), dims, config, torch.device("cpu"), args, parallelize_boost, loss_fn
+    )
+    opt = build_optimizers(parts, config.optimizer, dims)
+    losses = []
+    for tokens, labels in batches:
+        step_losses = [] if last else None
+        with loss_fn.normalized_by(torch.tensor(labels.numel())):
+            kwargs = dict(target=labels if last else None, losses=step_losses)
+            if first:
+                schedule.step(tokens, **kwargs, return_outputs=False)
+            else:
+                schedule.step(**kwargs, return_outputs=False)
+        opt.step()
+        opt.zero_grad()
+        if last:
+            losses.append(torch.stack(step_losses).sum().item())
+    return losses if last else None
+
+
+def _worker(rank: int, init_file: str, cases: list, out_file: str):
+    from boost_titan import cpu_runtime
+
+    cpu_runtime.activate()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=PP)
+    try:
+        from torchtitan.distributed import ParallelDims
+
+        from boost_titan.config_check import config_args
+        from boost_titan.train import parse_config
+
+        dims = ParallelDims(
+            dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=PP, ep=1, etp=1, world_size=PP
+        )
+        dims.build_mesh()
+        results, references = [], {}
+        for arch, schedule, feature in cases:
+            row = {"arch": arch, "schedule": schedule, "feature": feature}
+            results.append(row)
+            try:
+                config = parse_config(argv(arch, schedule, feature))
+            except ValueError as e:
+                row["refused"] = str(e)
+                continue
+            args = config_args(config)
+            g = torch.Generator().manual_seed(1)
+            batches = [
+                tuple(torch.randint(0, args.vocab_size, (BATCH, SEQ), generator=g) for _ in "xy")
+                for _ in range(STEPS)
+            ]
+            key = (arch, feature if feature in ("ungrouped", "loro") else "grouped")
+            if key not in references:
+                references[key] = _reference(config, copy.deepcopy(args), batches)
+            row["reference"] = references[key]
+            try:
+                mine = _pipelined(config, copy.deepcopy(args), dims, batches)
+            except Exception as e:  # a crash is an outcome the test reports
+                mine, row["error"] = None, f"{type(e).__name__}: {e}"[:2000]
+            gathered = [None] * PP
+            dist.all_gather_object(gathered, mine)
+            row["loss"] = next((g for g in gathered if g is not None), None)
+            torch._dynamo.reset()
+        if rank == 0:
+            with open(out_file, "w") as f:
+                json.dump(results, f, indent=1)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_cases(cases: list, workdir: str) -> list[dict]:
+    """Run ``cases`` ((arch, schedule, feature) triples) in one launch of PP ranks."""
+    os.makedirs(workdir, exist_ok=True)
+    out_file = os.path.join(workdir, "results.json")
+    spawn(_worker, (os.path.join(workdir, "init"), cases, out_file), PP)
+    with open(out_file) as f:
+        return json.load(f)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    for row in run_cases([tuple(sys.argv[1:4])], tempfile.mkdtemp()):
+        print(json.dumps(row))
