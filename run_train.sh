@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # torchtitan-style launcher:
 #   CONFIG_FILE=train_configs/X.toml NGPU=2 ./run_train.sh [--section.key value ...]
+#   NGPU=2 ./run_train.sh --job.config_file train_configs/X.toml [...]   (the same)
 # NGPU = processes on this machine (GPUs, or CPU ranks on gloo when no GPU is visible).
 #   Unset: 2 when 2 or more GPUs are visible, 1 with one GPU, 2 CPU ranks without a GPU.
 #   More than the visible GPUs: refused before torchrun starts.
 # CONFIG_FILE unset: the CoLA + BTP TP2 debug config (debug_cola_btp_tp2.toml) for 2 or
 #   more ranks, its one-process twin (debug_cola.toml) for NGPU=1.
-# RUN_TRAIN_PRINT_ONLY=1: print the chosen NGPU, CONFIG_FILE and GPU count, then exit
+# RUN_TRAIN_PRINT_ONLY=1: print the trainer's arguments, the chosen NGPU, CONFIG_FILE and
+#   GPU count, then exit
 #   (no torchrun). BOOST_TITAN_VISIBLE_GPUS=N stands in for the GPU count (tests).
 # MAX_RESTARTS = times torchrun restarts the ranks after one dies (they resume from the
 #   newest complete checkpoint); SHUTDOWN_TIMEOUT = seconds the ranks get, after SIGTERM,
@@ -16,6 +18,32 @@
 # wrong").
 set -euo pipefail
 cd "$(dirname "$0")"
+
+# --job.config_file on the command line (torchtitan users' habit) is CONFIG_FILE: the
+# ranks take the first --job.config_file they see, this script's, so a second one was
+# silently ignored and the default config trained. Both given and different: refused.
+args=()
+cli_config=""
+while (( $# )); do
+  case "$1" in
+    --job.config_file)
+      if (( $# < 2 )); then echo "run_train.sh: --job.config_file needs a path" >&2; exit 2; fi
+      cli_config=$2
+      shift 2
+      ;;
+    --job.config_file=*) cli_config=${1#*=}; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+set -- ${args[@]+"${args[@]}"}
+if [[ -n "$cli_config" ]]; then
+  if [[ -n "${CONFIG_FILE:-}" ]] && [[ "$(realpath -m "$CONFIG_FILE")" != "$(realpath -m "$cli_config")" ]]; then
+    echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE and --job.config_file $cli_config name" \
+      "different configs; give one of them" >&2
+    exit 2
+  fi
+  CONFIG_FILE=$cli_config
+fi
 
 export LOG_RANK=${LOG_RANK:-0}
 TRAIN_FILE=${TRAIN_FILE:-boost_titan.train}
@@ -64,6 +92,7 @@ if [[ -z "${CONFIG_FILE:-}" ]]; then
   fi
 fi
 if [[ "${RUN_TRAIN_PRINT_ONLY:-0}" == 1 ]]; then
+  echo "ARGS=$*"
   echo "NGPU=$NGPU CONFIG_FILE=$CONFIG_FILE GPUS=$GPUS"
   exit 0
 fi

@@ -11,6 +11,15 @@
 # --requeue (or resubmit) to resume.
 set -euo pipefail
 CONFIG_FILE=${1:?usage: slurm_train.sh CONFIG_FILE [overrides...]}; shift
+# the ranks take the first --job.config_file they see (this script's): another one among
+# the overrides would be silently ignored
+for arg in "$CONFIG_FILE" "$@"; do
+  if [[ "$arg" == --job.config_file || "$arg" == --job.config_file=* ]]; then
+    echo "slurm_train.sh: give the config as the first argument" \
+      "(slurm_train.sh CONFIG_FILE [overrides...]), not as --job.config_file" >&2
+    exit 2
+  fi
+done
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 PYTHON=${PYTHON:-python}

@@ -17,10 +17,10 @@ TP2 = "./train_configs/debug_cola_btp_tp2.toml"
 ONE = "./train_configs/debug_cola.toml"
 
 
-def launch(gpus: int, **env: str) -> subprocess.CompletedProcess:
+def launch(gpus: int, args: list[str] = (), **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("NGPU", "CONFIG_FILE")}
     return subprocess.run(
-        ["bash", str(SCRIPT)],
+        ["bash", str(SCRIPT), *args],
         env={
             **base,
             "BOOST_TITAN_VISIBLE_GPUS": str(gpus),
@@ -70,3 +70,50 @@ def test_run_train_refuses_more_ranks_than_gpus(gpus, ngpu, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "NGPU=" not in proc.stdout  # stopped before the launch line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--job.config_file", "train_configs/debug_llama2_tp2.toml", "--training.steps", "3"],
+        ["--training.steps", "3", "--job.config_file=train_configs/debug_llama2_tp2.toml"],
+    ],
+    ids=["space", "equals"],
+)
+@pytest.mark.parametrize("env_config", [None, "./train_configs/debug_llama2_tp2.toml"])
+def test_job_config_file_on_the_command_line_is_the_config(argv, env_config):
+    """torchtitan's spelling of the config trains that config (it used to be ignored:
+    the script's own --job.config_file came first and the default config trained);
+    the same file in CONFIG_FILE too is fine; the other arguments pass through."""
+    env = {"CONFIG_FILE": env_config} if env_config else {}
+    proc = launch(0, **env, args=argv)
+    assert proc.returncode == 0, proc.stderr
+    *_, args, chosen = proc.stdout.splitlines()
+    assert chosen.split()[1] in (
+        "CONFIG_FILE=train_configs/debug_llama2_tp2.toml",
+        "CONFIG_FILE=./train_configs/debug_llama2_tp2.toml",
+    )
+    assert args == "ARGS=--training.steps 3"
+
+
+def test_two_different_configs_are_refused():
+    proc = launch(
+        0,
+        CONFIG_FILE="train_configs/debug_cola.toml",
+        args=["--job.config_file", "train_configs/debug_llama2_tp2.toml"],
+    )
+    assert proc.returncode == 2
+    assert "CONFIG_FILE=train_configs/debug_cola.toml and --job.config_file" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--job.config_file", "x.toml"], ["recipes/cola_llama2_7b.toml", "--job.config_file=x.toml"]],
+)
+def test_slurm_launcher_refuses_job_config_file(argv):
+    """recipes/slurm_train.sh takes the config as its first argument; a --job.config_file
+    anywhere is refused before SLURM is asked anything."""
+    script = SCRIPT.parent / "recipes" / "slurm_train.sh"
+    proc = subprocess.run(["bash", str(script), *argv], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "give the config as the first argument" in proc.stderr
