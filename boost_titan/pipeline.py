@@ -221,6 +221,22 @@ def check_pipeline_config(config, n_layers: int) -> None:
     every layer exactly once, in order. Either way the stages per rank must be what the
     schedule places (``_STAGE_RULES``), the microbatch count what it accepts, and
     selective checkpointing is refused under split-backward schedules."""
+    _check_stages(config, n_layers)
+    schedule = config.parallelism.pipeline_parallel_schedule
+    if (
+        config.parallelism.pipeline_parallel_degree > 1
+        and schedule == "DualPipeV"
+        and torch.accelerator.current_accelerator() is None
+    ):
+        raise ValueError(
+            "[parallelism] pipeline_parallel_schedule = 'DualPipeV' needs a GPU: torch "
+            f"{torch.__version__} runs its overlapped forward+backward on accelerator "
+            "streams (on CPU it fails at the first step: 'Accelerator expected'); on CPU use "
+            "ZBVZeroBubble, the same V-shaped stage placement"
+        )
+
+
+def _check_stages(config, n_layers: int) -> None:
     par = config.parallelism
     pp = par.pipeline_parallel_degree
     if pp <= 1:
@@ -234,13 +250,6 @@ def check_pipeline_config(config, n_layers: int) -> None:
             f"{[m for m in range(1, batch + 1) if batch % m == 0]}"
         )
     _check_split_backward(config)
-    if schedule == "DualPipeV" and torch.accelerator.current_accelerator() is None:
-        raise ValueError(
-            "[parallelism] pipeline_parallel_schedule = 'DualPipeV' needs a GPU: torch "
-            f"{torch.__version__} runs its overlapped forward+backward on accelerator "
-            "streams (on CPU it fails at the first step: 'Accelerator expected'); on CPU use "
-            "ZBVZeroBubble, the same V-shaped stage placement"
-        )
     needs, rule_text, rule_ok = _stage_rule(schedule)
     first_less = par.pipeline_parallel_first_stage_less_layers
     last_less = par.pipeline_parallel_last_stage_less_layers

@@ -58,6 +58,10 @@ def _config(plan: str, tp: int, batch: int, seq: int, dtype: str, norm: str):
             str(seq),
             "--training.dtype",
             dtype,
+            # everything in dtype: no autocast to another one (TP-only layouts autocast
+            # to mixed_precision_param, whose default is bfloat16)
+            "--training.mixed_precision_param",
+            dtype,
             "--boost.tp_plan",
             plan,
             "--boost.rmsnorm",
