@@ -210,6 +210,25 @@ def _check_split_backward(config) -> None:
         )
 
 
+def check_schedule_runs_here(config) -> None:
+    """What this machine cannot run, checked where training starts (not when a config is
+    parsed: the dry run plans GPU layouts on a CPU). DualPipeV: torch 2.13 runs its
+    overlapped forward+backward on accelerator streams; on CPU it fails at the first
+    step ('Accelerator expected')."""
+    par = config.parallelism
+    if (
+        par.pipeline_parallel_degree > 1
+        and par.pipeline_parallel_schedule == "DualPipeV"
+        and torch.accelerator.current_accelerator() is None
+    ):
+        raise ValueError(
+            "[parallelism] pipeline_parallel_schedule = 'DualPipeV' needs a GPU: torch "
+            f"{torch.__version__} runs its overlapped forward+backward on accelerator "
+            "streams (on CPU it fails at the first step: 'Accelerator expected'); on CPU use "
+            "ZBVZeroBubble, the same V-shaped stage placement"
+        )
+
+
 def check_pipeline_config(config, n_layers: int) -> None:
     """Clear, early errors for a pipeline split or microbatching that cannot work.
 
@@ -221,22 +240,6 @@ def check_pipeline_config(config, n_layers: int) -> None:
     every layer exactly once, in order. Either way the stages per rank must be what the
     schedule places (``_STAGE_RULES``), the microbatch count what it accepts, and
     selective checkpointing is refused under split-backward schedules."""
-    _check_stages(config, n_layers)
-    schedule = config.parallelism.pipeline_parallel_schedule
-    if (
-        config.parallelism.pipeline_parallel_degree > 1
-        and schedule == "DualPipeV"
-        and torch.accelerator.current_accelerator() is None
-    ):
-        raise ValueError(
-            "[parallelism] pipeline_parallel_schedule = 'DualPipeV' needs a GPU: torch "
-            f"{torch.__version__} runs its overlapped forward+backward on accelerator "
-            "streams (on CPU it fails at the first step: 'Accelerator expected'); on CPU use "
-            "ZBVZeroBubble, the same V-shaped stage placement"
-        )
-
-
-def _check_stages(config, n_layers: int) -> None:
     par = config.parallelism
     pp = par.pipeline_parallel_degree
     if pp <= 1:

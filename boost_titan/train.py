@@ -22,7 +22,10 @@ from torchtitan.train import Trainer  # noqa: E402
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
 from boost_titan import dashboard, fault, safe_metadata  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
-from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
+from boost_titan.pipeline import (  # noqa: E402
+    check_schedule_runs_here,
+    pipeline_forward_backward,
+)
 from boost_titan.step_profile import (  # noqa: E402
     SUMMARY_TAG,
     StepProfiler,
@@ -212,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
 
     init_logger()
     config = parse_config(sys.argv[1:] if argv is None else argv)
+    check_schedule_runs_here(config)
     fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here
     if "LOCAL_RANK" not in os.environ:
         raise RuntimeError(

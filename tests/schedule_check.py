@@ -4,7 +4,8 @@ Two gloo ranks (PP2) build each case as the trainer does (``parse_config``, the 
 spec's model args, torchtitan's ``pipeline_llm`` with ``parallelize_boost``, the spec's
 optimizer builder, boost_titan's token-mean pipeline loss) and train ``STEPS`` steps;
 every rank also trains the same model in one piece on the same batches, the
-reference. A case whose config is refused when parsed records the refusal instead.
+reference. A case whose config is refused when parsed (or, like the trainer, when it starts on
+this machine) records the refusal instead.
 Used by ``tests/test_schedules.py``; run directly for one case:
 ``python tests/schedule_check.py cola ZBVZeroBubble grouped``.
 """
@@ -147,6 +148,7 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str):
         from torchtitan.distributed import ParallelDims
 
         from boost_titan.config_check import config_args
+        from boost_titan.pipeline import check_schedule_runs_here
         from boost_titan.train import parse_config
 
         dims = ParallelDims(
@@ -159,6 +161,7 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str):
             results.append(row)
             try:
                 config = parse_config(argv(arch, schedule, feature))
+                check_schedule_runs_here(config)  # as the trainer's main does
             except ValueError as e:
                 row["refused"] = str(e)
                 continue

@@ -26,7 +26,8 @@ CASES = [
     for feature in FEATURES
     if feature != "loro"
 ] + [("svd", schedule, "loro") for schedule in SCHEDULES]
-# what is refused when parsed, and the phrase the refusal must contain
+# what is refused (when parsed; DualPipeV when training starts on a CPU) and the phrase
+# the refusal must contain
 REFUSED = {
     **{
         (s, f): "selective activation checkpointing can be backpropagated only once"
