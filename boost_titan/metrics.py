@@ -14,13 +14,20 @@ trainer has counted the executed FLOPs (``boost_titan.step_profile``), writes th
 dashboard (``boost_titan.dashboard``) into the run's TensorBoard event file, once, on
 the rank(s) that write TensorBoard, and writes every scalar whose tag has parentheses a
 second time under the dashboard's paren-free alias (``dashboard.AliasingLogger``).
+
+Each run writes TensorBoard events under ``<dump_folder>/tb/<YYYYmmdd-HHMMSS>-<6 hex>``
+(:func:`run_folder_name`): torchtitan names the folder to the minute, so two runs
+started in the same minute (a restart, a sweep) became one TensorBoard run.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
+from datetime import datetime
 
 import torch
+import torchtitan.components.metrics as titan_metrics
 from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils
@@ -34,7 +41,12 @@ class BoostMetricsProcessor(MetricsProcessor):
     executed_flops_per_token: float | None = None  # set by the trainer's profiled steps
 
     def __init__(self, job_config, parallel_dims, tag=None):
-        super().__init__(job_config, parallel_dims, tag)
+        # torchtitan names the run folder datetime.now().strftime("%Y%m%d-%H%M")
+        titan_metrics.datetime = _Stamp(run_folder_name())
+        try:
+            super().__init__(job_config, parallel_dims, tag)
+        finally:
+            titan_metrics.datetime = datetime
         from boost_titan import dashboard
 
         self.logger = dashboard.AliasingLogger(self.logger)
@@ -67,3 +79,26 @@ class BoostMetricsProcessor(MetricsProcessor):
     def log_validation(self, loss, step, extra_metrics=None):
         (loss,) = self._last_stage(loss)
         super().log_validation(loss, step, extra_metrics)
+
+
+def run_folder_name() -> str:
+    """``YYYYmmdd-HHMMSS-<6 hex>``: unique per run, and the same on every rank (rank 0's,
+    broadcast: ranks reach this at different moments, and with ``save_for_all_ranks``
+    each writes ``<run>/rank_<r>``)."""
+    name = [f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"]
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.broadcast_object_list(name, src=0)
+    return name[0]
+
+
+class _Stamp:
+    """Stands in for ``datetime`` in torchtitan's metrics module while it names the run."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def now(self) -> _Stamp:
+        return self
+
+    def strftime(self, fmt: str) -> str:
+        return self.name

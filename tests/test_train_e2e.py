@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO_ROOT, TrainRun, run_training
@@ -133,6 +134,9 @@ def test_tp2_validation_logged(tp2_run):
 def test_tp2_tensorboard_scalars(tp2_run):
     files = tp2_run.tb_event_files()
     assert files, f"no TensorBoard event file under {tp2_run.dump_folder / 'tb'}"
+    # one run folder, named to the second plus a random suffix (boost_titan.metrics)
+    (run_folder,) = {Path(f).parent.relative_to(tp2_run.dump_folder / "tb") for f in files}
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", str(run_folder)), run_folder
     sc = tb_scalars(tp2_run)
     for tag in ("loss_metrics/global_avg_loss", "throughput(tps)", "memory/max_reserved(GiB)"):
         assert tag in sc, f"{tag} missing; tags: {sorted(sc)}"
@@ -366,3 +370,12 @@ def test_validation_scores_the_same_batches_every_time(corpus_dir, tmp_path):
     val = run.val_loss[0]
     assert sorted(val) == [1, 2, 4]
     assert len(set(val.values())) == 1, val
+
+
+def test_run_folder_names_never_repeat():
+    """Two runs started in the same second still get their own TensorBoard run."""
+    from boost_titan.metrics import run_folder_name
+
+    names = {run_folder_name() for _ in range(50)}
+    assert len(names) == 50
+    assert all(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", n) for n in names), names
