@@ -57,6 +57,8 @@ def activate() -> bool:
     _patch_torch_cpu_module()
     # 3. torchtitan passes activities=[CPU, None] to the profiler when CUDA is absent.
     _patch_profiler()
+    # 4. DTensor's random ops give every shard of a CPU mesh the same numbers.
+    _shard_random_init_like_one_device()
     _ACTIVE = True
     return True
 
@@ -116,6 +118,39 @@ def _patch_profiler() -> None:
 
 
 # --------------------------------------------------------------------------- memory
+def _shard_random_init_like_one_device() -> None:
+    """In-place ``normal_`` / ``uniform_`` on a DTensor (weight init) draw the whole
+    tensor on every rank, as one device would, and keep this rank's shard.
+
+    DTensor offsets the RNG per shard only on accelerator meshes (its
+    ``OffsetBasedRNGTracker`` moves the CUDA Philox offset); on a CPU mesh it warns
+    ("DTensor random operators may not have complete support") and runs the op on each
+    local shard with the local generator. Every rank of a TP group is seeded alike, so
+    every shard drew the same numbers: the two halves of a TP2 weight were copies (e.g.
+    the two heads' halves of wq, both halves of an embedding row), a degenerate start
+    for every CPU run trained from scratch. Drawing the global tensor costs its size
+    on each rank, nothing at CPU debug shapes, and makes a sharded init equal the
+    1-process init with the same seed, bit for bit, under any placements (TP, FSDP2,
+    both: ``distribute_tensor`` keeps the shard, no communication)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    aten = torch.ops.aten
+
+    def draw_global_then_shard(op_call, args, kwargs):
+        target = args[0]
+        whole = torch.empty(target.shape, dtype=target.dtype, device=target._local_tensor.device)
+        op_call(whole, *args[1:], **kwargs)
+        mine = distribute_tensor(
+            whole, target.device_mesh, target.placements, src_data_rank=None
+        ).to_local()
+        target._local_tensor.copy_(mine)
+        return target
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    for op in (aten.normal_.default, aten.uniform_.default):
+        handlers[op] = draw_global_then_shard
+
+
 def _read_status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:

@@ -176,3 +176,64 @@ def test_importing_torchtitan_first_raises_clear_error():
     assert "RuntimeError" in proc.stderr
     assert "must run before torchtitan is imported" in proc.stderr
     assert "'cuda'" in proc.stderr
+
+
+def _sharded_init_worker(rank: int, init_file: str, out_file: str) -> None:
+    """4 gloo ranks: Linear pairs under TP2 (colwise, rowwise) and under TP2 x FSDP2
+    (``_StridedShard`` placements), initialised as torchtitan does (meta, to_empty,
+    seeded ``trunc_normal_``), against the same init on one device."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+
+    def pair() -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(6, 10, bias=False), torch.nn.Linear(10, 6, bias=False)
+        )
+
+    def init(model: torch.nn.Module) -> None:
+        torch.manual_seed(0)
+        for p in model.parameters():
+            torch.nn.init.trunc_normal_(p, std=0.02)  # uniform_ then elementwise
+        torch.nn.init.normal_(model[1].weight)
+
+    reference = pair()
+    init(reference)
+    report = {}
+    for layout in ("tp2", "tp2_fsdp2"):
+        with torch.device("meta"):
+            model = pair()
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        if layout == "tp2_fsdp2":
+            fully_shard(model, mesh=mesh["dp"])
+        model.to_empty(device="cpu")
+        init(model)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            full = p.full_tensor()  # a collective: every rank
+            report[f"{layout} {name} {p.placements}"] = torch.equal(full, q.detach())
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(report, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_sharded_random_init_equals_one_device(tmp_path):
+    """DTensor draws every CPU shard from the local generator (each TP rank got the same
+    numbers: a TP2 weight's halves were copies); cpu_runtime draws the global tensor and
+    keeps the shard, so any layout's init is the 1-process init with the same seed."""
+    from launcher import spawn
+
+    out = tmp_path / "init.json"
+    spawn(_sharded_init_worker, (str(tmp_path / "pg"), str(out)), 4)
+    report = json.loads(out.read_text())
+    assert len(report) == 4 and any("_StridedShard" in k for k in report), report
+    assert all(report.values()), report
