@@ -28,10 +28,12 @@ unexpected pos 704 vs 598`` (the 165-line trace of a full disk). Here:
   files of step S's save on rank R fail with ENOSPC after 64 KiB, as a full disk
   does, so the whole path above runs as for a real one.
 
-``checkpoint.async_mode = "async_with_pinned_mem"`` writes from a separate process
-where no guarded file is installed: its failure still becomes the line (errno
-inferred from free space) when the next save waits for it; its injection does not fire
-there.
+``checkpoint.async_mode = "async_with_pinned_mem"`` writes from a separate (spawned)
+process where no guarded file is installed: its failure reaches the next save's wait
+as DCP's exception and becomes the same line (the errno named where the OS error
+itself came back, else inferred from free space); its injection does not fire there.
+That mode needs a GPU (torchtitan's pinned staging asserts an accelerator): untested
+on CPU.
 """
 
 from __future__ import annotations
@@ -274,6 +276,8 @@ class SaveGuard:
     def async_wait(self) -> None:
         try:
             self._async_wait()
+            if self.ckpt.save_future is None:  # waited for and done (async mode)
+                self.pending = None
         except BaseException as e:
             if self.pending is not None:
                 checkpoint_id, state_dict = self.pending

@@ -76,7 +76,8 @@ class BoostTrainer(Trainer):
       TensorBoard, one console line, and HFU beside MFU;
     * faults (``boost_titan.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
-      the run cleanly, cut-off checkpoints are set aside before resuming, and
+      the run cleanly, cut-off checkpoints are set aside before resuming, a save that
+      fails on the disk ends the run on one line (``boost_titan.checkpoint_save``), and
       ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this."""
 
     _comm_logged = False
@@ -249,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
         logger.error(e.line)  # the whole story; a SystemExit(1): no traceback
         if trainer:
             trainer.close()
+        if cpu_runtime.is_active():  # no gloo teardown at interpreter exit (as a finished run)
+            cpu_runtime.exit_after_clean_shutdown(1)
         raise
     except Exception:
         if trainer:
