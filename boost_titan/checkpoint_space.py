@@ -112,7 +112,8 @@ def predicted_optimizer_items(container) -> tuple[dict[str, Item], list[str]]:
             settings = {k: v for k, v in group.items() if k != "params"}
             extra = (AMSGRAD_STATE,) if group.get("amsgrad") else ()
             for p in group["params"]:
-                name = names.get(id(p), f"param{id(p)}")
+                # the same key on every rank (ranks' items merge by key)
+                name = names.get(id(p)) or f"unnamed{len(items)}"
                 for k, v in settings.items():
                     items[f"optimizer.param_groups.{name}.{k}"] = value_item(v)
                 if kind not in OPTIMIZER_STATES or not p.requires_grad:
@@ -208,8 +209,8 @@ class SpacePlan:
         else:
             keep = (
                 f"keep_latest_k = {keep_latest_k} keeps {keep_latest_k} step folders and writes "
-                f"the next before the oldest is purged ({self.copies} new ones at most of this "
-                f"run's {saved})"
+                f"the next before the oldest is purged: at most {self.copies} new ones of this "
+                f"run's {saved}"
             )
         last = (
             f"; the last-step save is model-only: {fmt_bytes(self.last)}"
