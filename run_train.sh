@@ -135,5 +135,8 @@ done
 if [[ $rc -ne 0 ]] && grep -q '^preempted' "$BOOST_TITAN_STATUS_FILE"; then
   echo "run_train.sh: $(cat "$BOOST_TITAN_STATUS_FILE"); exiting 0 (rerun the same command to resume)"
   rc=0
+elif [[ $rc -ne 0 ]] && grep -q '^failed: ' "$BOOST_TITAN_STATUS_FILE"; then
+  # a one-line failure (e.g. a checkpoint save on a full disk), repeated below torchrun's report
+  echo "run_train.sh: $(sed -n 's/^failed: //p' "$BOOST_TITAN_STATUS_FILE")" >&2
 fi
 exit "$rc"

@@ -17,6 +17,12 @@ cut-off save      a ``step-N`` folder without DCP's ``.metadata``     ``quaranti
                   (written last, by rename, once every rank's data    checkpoints``
                   is on disk) is never loaded: it is renamed
                   ``step_N.incomplete`` and named in the log
+full disk, I/O    the save stops the run with one line: errno name    ``boost_titan.checkpoint_
+error, no         (ENOSPC, EDQUOT, EIO, EACCES...), file and rank,    save``; the start-time
+permission at     bytes needed and free; the partial folder is        estimate: ``checkpoint_
+a save            removed at once, the previous checkpoint named;     space``
+                  at start, a warning if the checkpoints the run
+                  keeps will not fit in the free space
 ================  ==================================================  ==============================
 
 Both per-step decisions (skip this update? stop for preemption?) must be the same on
@@ -32,9 +38,13 @@ Fault injection (``BOOST_TITAN_INJECT``, comma-separated ``KIND@STEP[:rank=R]``)
   (``BOOST_TITAN_LAUNCHER_PID``, set by ``run_train.sh``; else torchrun), which forwards
   it to every rank, as a SLURM preemption does;
 * ``nan_loss@S`` step S divides its loss by NaN tokens before backward;
-* ``inf_grad@S:rank=R`` after step S's backward, one gradient element on rank R is inf.
+* ``inf_grad@S:rank=R`` after step S's backward, one gradient element on rank R is inf;
+* ``enospc@S:rank=R`` the save of step S fails on rank R with ENOSPC after 64 KiB of its
+  files, at the file-write level (``boost_titan.checkpoint_save``), as a full disk does.
 
-Without ``:rank=R`` an injection fires on every rank (sigterm: rank 0 only).
+Without ``:rank=R`` an injection fires on every rank (sigterm: rank 0 only). Rank 0
+lists every injection at start, whichever rank it fires on: the console shows rank 0's
+log only (``LOG_RANK``).
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ logger = logging.getLogger()  # torchtitan's logger (the root logger); not impor
 # torchtitan so that this module imports without it (torchtitan fixes its device at import)
 
 INJECT_ENV = "BOOST_TITAN_INJECT"
-INJECT_KINDS = ("sigkill", "sigterm", "nan_loss", "inf_grad")
+INJECT_KINDS = ("sigkill", "sigterm", "nan_loss", "inf_grad", "enospc")
 STATUS_FILE_ENV = "BOOST_TITAN_STATUS_FILE"  # run_train.sh: preemption -> exit 0
 LAUNCHER_PID_ENV = "BOOST_TITAN_LAUNCHER_PID"
 
@@ -84,12 +94,27 @@ def parse_injections(spec: str) -> list[Injection]:
     return out
 
 
+def describe_injection(i: Injection) -> str:
+    where = "every rank" if i.rank is None else f"rank {i.rank}"
+    return {
+        "sigkill": f"{where} SIGKILLs itself after step {i.step} (first attempt only)",
+        "sigterm": f"rank 0 sends SIGTERM to the launcher after step {i.step}",
+        "nan_loss": f"NaN loss at step {i.step} on {where}",
+        "inf_grad": f"an inf gradient after step {i.step}'s backward on {where}",
+        "enospc": f"the save of step {i.step} fails with ENOSPC on {where}",
+    }[i.kind]
+
+
 class FaultInjector:
     def __init__(self, spec: str, rank: int):
         self.injections = parse_injections(spec)
         self.rank = rank
-        if self.injections:
-            logger.warning(f"{INJECT_ENV}={spec!r}: faults will be injected (rank {rank})")
+        # every rank parses the same spec; rank 0's log (the console's) lists them all
+        if self.injections and rank == 0:
+            logger.warning(
+                f"{INJECT_ENV}={spec!r}: faults will be injected: "
+                + "; ".join(describe_injection(i) for i in self.injections)
+            )
 
     def fires(self, kind: str, step: int) -> bool:
         return any(

@@ -20,7 +20,7 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import dashboard, fault, safe_metadata  # noqa: E402
+from boost_titan import checkpoint_save, dashboard, fault, safe_metadata  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import (  # noqa: E402
     check_schedule_runs_here,
@@ -38,6 +38,16 @@ from boost_titan.step_profile import (  # noqa: E402
 safe_metadata.install()
 # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
 torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
+
+
+def _pp_loss_is_visible(*args, **kwargs) -> None:
+    """torchtitan warns in red "Pipeline Parallel loss is not visible. Please add rank N
+    to LOG_RANK" unless LOG_RANK names the last stage's first rank. Here every pipeline
+    rank logs the last stage's loss (``boost_titan.metrics``): rank 0's console shows
+    the true loss, so the warning is wrong and nothing replaces it."""
+
+
+torchtitan.train.ensure_pp_loss_visible = _pp_loss_is_visible
 
 
 class _NoSleep:
@@ -66,7 +76,8 @@ class BoostTrainer(Trainer):
       TensorBoard, one console line, and HFU beside MFU;
     * faults (``boost_titan.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
-      the run cleanly, cut-off checkpoints are set aside before resuming, and
+      the run cleanly, cut-off checkpoints are set aside before resuming, a save that
+      fails on the disk ends the run on one line (``boost_titan.checkpoint_save``), and
       ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this."""
 
     _comm_logged = False
@@ -77,6 +88,9 @@ class BoostTrainer(Trainer):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None
+        # a save failing on the disk ends the run on one line; warns now if the
+        # checkpoints the run keeps will not fit (collective)
+        self.save_guard = checkpoint_save.install(self, self.injector)
         boost = job_config.boost
         self.guard = fault.StepGuard(
             self, boost.nan_policy, boost.nan_max_consecutive_skips, self.preemption
@@ -232,6 +246,13 @@ def main(argv: list[str] | None = None) -> None:
             logger.info("Created seed checkpoint")
         else:
             trainer.train()
+    except checkpoint_save.CheckpointSaveError as e:
+        logger.error(e.line)  # the whole story; a SystemExit(1): no traceback
+        if trainer:
+            trainer.close()
+        if cpu_runtime.is_active():  # no gloo teardown at interpreter exit (as a finished run)
+            cpu_runtime.exit_after_clean_shutdown(1)
+        raise
     except Exception:
         if trainer:
             trainer.close()

@@ -183,6 +183,12 @@ def test_nan_skip_policy_skips_updates_then_stops_at_limit(reference, tmp_path, 
         "2",
         expect_failure=True,
     )
+    # rank 0's log (the console's) lists every injection, those on rank 1 included
+    assert re.search(
+        r"\[rank0\]:.*faults will be injected: an inf gradient after step 3's backward on "
+        r"rank 1; NaN loss at step 5 on every rank;",
+        run.output,
+    )
     assert "step 3: non-finite loss or gradients; update skipped (1 in a row, limit 2" in run.output
     assert (
         "step 6: non-finite loss or gradients; update skipped (2 in a row, limit 2; "
