@@ -16,7 +16,6 @@ import pickle
 import re
 import shutil
 import struct
-import warnings
 from pathlib import Path
 
 import pytest
@@ -267,3 +266,124 @@ def test_verify_command(tmp_path, capsys):
     os.truncate(path, offset + length - 100)
     code, _, err = verify(good)
     assert code == 1 and "the file is shorter than its .metadata says" in err, err
+
+
+# ---------------------------------------------------------------- end to end (gloo ranks)
+
+CONFIG = "debug_cola_btp_tp2.toml"
+
+
+def _train_args(seed: Path, steps: int) -> tuple[str, ...]:
+    return (
+        "--checkpoint.enable",
+        "--checkpoint.initial_load_path",
+        str(seed),
+        "--checkpoint.interval",
+        "2",
+        "--training.steps",
+        str(steps),
+        "--validation.no-enable",
+        "--training.mixed_precision_param",
+        "float32",
+    )
+
+
+def _expected_line(clean: Path, corrupted: Path, fqn: str, file: str, pos: int) -> str:
+    """The mismatch line for the flip at byte ``pos`` of ``file``, from the two copies'
+    bytes: the digest of the flipped MiB block of the item in each."""
+    meta = safe_metadata.loads((corrupted / ".metadata").read_bytes(), str(corrupted))
+    index, info = next(
+        (i, s) for i, s in meta.storage_data.items() if i.fqn == fqn and s.relative_path == file
+    )
+    n = _payload_length(corrupted / file, info.offset, info.length)
+    start = (pos - info.offset) // 2**20 * 2**20
+    end = min(start + 2**20, n)
+    digest = [
+        xxhash.xxh3_64_hexdigest((d / file).read_bytes()[info.offset + start : info.offset + end])
+        for d in (corrupted, clean)
+    ]
+    chunk = f" (chunk at {tuple(index.offset)})" if any(index.offset) else ""
+    return (
+        f"checkpoint {corrupted} is corrupted: {file}, item {fqn}{chunk}: xxh3_64 of its bytes "
+        f"{start}..{end} is {digest[0]} where its save recorded {digest[1]} (the item starts "
+        f"at byte {info.offset} of the file); not loaded"
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(seed_checkpoint, tmp_path_factory):
+    """6 BTP TP2 steps from the shared seed checkpoint, saving at steps 2, 4 and 6
+    (model only, the last); a copy of its step-4 with 16 weights of
+    layers.1.attention.wq.down.weight (rank 0's file) flipped."""
+    root = tmp_path_factory.mktemp("integrity")
+    run = run_training(CONFIG, 2, root / "ref", *_train_args(seed_checkpoint("debug_cola.toml"), 6))
+    assert sorted(run.loss[0]) == list(range(1, 7))
+    clean = run.dump_folder / "checkpoint" / "step-4"
+    corrupted = root / "corrupted" / "step-4"
+    shutil.copytree(clean, corrupted)
+    pos = flip_bits(corrupted, WQ, "__0_0.distcp")
+    return run, corrupted, _expected_line(clean, corrupted, WQ, "__0_0.distcp", pos)
+
+
+@pytest.mark.slow
+def test_resume_sets_a_corrupted_newest_step_aside(uninterrupted, seed_checkpoint, tmp_path):
+    """The issue's reproduction: the newest checkpoint (step 4) has 16 flipped weights;
+    the resume to step 6 sets it aside, loads step 2 and trains steps 3-6 exactly as
+    the uninterrupted run did (DCP resume is bit-exact, test_checkpoints.py)."""
+    ref, corrupted, line = uninterrupted
+    folder = tmp_path / "resumed" / "checkpoint"
+    shutil.copytree(ref.dump_folder / "checkpoint" / "step-2", folder / "step-2")
+    shutil.copytree(corrupted, folder / "step-4")
+    line = line.replace(str(corrupted), str(folder / "step-4"))
+    run = run_training(
+        CONFIG, 2, tmp_path / "resumed", *_train_args(seed_checkpoint("debug_cola.toml"), 6)
+    )
+    assert (
+        f"{line}. Moved it to {folder / 'step_4.corrupt'}; resuming from step 2 instead: "
+        "2 steps (3-4) are trained again"
+    ) in run.output
+    assert re.search(
+        rf"Loading the checkpoint from {re.escape(str(folder / 'step-2'))}\.", run.output
+    )
+    for rank in (0, 1):
+        assert sorted(run.loss[rank]) == [3, 4, 5, 6]
+        for step in (3, 4, 5, 6):
+            assert run.loss[rank][step] == ref.loss[rank][step], (rank, step)
+            assert run.grad_norm[rank][step] == ref.grad_norm[rank][step], (rank, step)
+    # the damaged copy is kept for inspection; the new saves verify
+    assert [p.name for p in integrity.step_folders(folder)] == ["step-6", "step-4", "step-2"]
+    assert len(integrity.verify(folder / "step_4.corrupt")) == 1
+    assert all(integrity.check(p).ok for p in integrity.step_folders(folder))
+
+
+@pytest.mark.slow
+def test_a_named_corrupted_checkpoint_fails_on_its_line(uninterrupted, tmp_path):
+    """``initial_load_path`` and ``export`` at the corrupted step fail on the mismatch's
+    line; the one-process load reads the TP2 checkpoint's chunks (resharding)."""
+    _, corrupted, line = uninterrupted
+    run = run_training(
+        "debug_cola.toml",
+        1,
+        tmp_path / "named",
+        "--checkpoint.enable",
+        "--checkpoint.initial_load_path",
+        str(corrupted),
+        "--training.steps",
+        "1",
+        expect_failure=True,
+    )
+    assert f"boost_titan.integrity.ChecksumMismatch: {line}" in run.output, run.output[-3000:]
+    assert "Training starts" not in run.output
+    proc = run_main(
+        "boost_titan.checkpoint",
+        "export",
+        "--from",
+        str(corrupted),
+        "--to",
+        str(tmp_path / "x.safetensors"),
+        "--job.config_file",
+        str(REPO_ROOT / "train_configs" / CONFIG),
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().endswith(f"python -m boost_titan.checkpoint export: error: {line}")
+    assert not list(tmp_path.glob("*x.safetensors*"))
