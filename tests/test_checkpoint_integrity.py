@@ -268,6 +268,38 @@ def test_verify_command(tmp_path, capsys):
     assert code == 1 and "the file is shorter than its .metadata says" in err, err
 
 
+def test_the_nan_stop_names_the_newest_checkpoint_that_verifies(tmp_path):
+    """StepGuard's stop (boost_titan.fault) with step-6 cut off, step-4 corrupted: the
+    message sends a restart to step-2, and says why not step-4."""
+    from types import SimpleNamespace
+
+    from boost_titan.fault import NonFiniteStepError, StepGuard
+
+    folder = tmp_path / "checkpoint"
+    _save(folder / "step-2")
+    flip_bits(_save(folder / "step-4"), WQ)
+    (_save(folder / "step-6") / ".metadata").unlink()
+    weight = torch.nn.Parameter(torch.ones(2))
+    trainer = SimpleNamespace(
+        optimizers=SimpleNamespace(step=lambda: None, zero_grad=lambda: None),
+        lr_schedulers=SimpleNamespace(step=lambda: None),
+        model_parts=[SimpleNamespace(parameters=lambda: [weight])],
+        device="cpu",
+        step=7,
+        checkpointer=SimpleNamespace(enable=True, folder=str(folder)),
+    )
+    guard = StepGuard(trainer, "stop", 0, None)
+    guard.record_loss(torch.tensor(float("nan")))
+    with pytest.raises(NonFiniteStepError) as info:
+        trainer.optimizers.step()
+    bad = integrity.verify(folder / "step-4")
+    assert len(bad) == 1
+    assert (
+        f"Last checkpoint: {folder / 'step-2'} (untouched; newer, failed verification: "
+        f"{bad[0]}). A NaN"
+    ) in str(info.value)
+
+
 # ---------------------------------------------------------------- end to end (gloo ranks)
 
 CONFIG = "debug_cola_btp_tp2.toml"
