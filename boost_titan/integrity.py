@@ -6,38 +6,40 @@ next to ``safe_metadata.install()``) makes every DCP save and load of the proces
 
 - **items** (each tensor chunk and each pickled item DCP writes into a ``__R_F.distcp``
   file): :class:`Xxh3Trailer`, a DCP ``StreamTransformExtension``, hashes the item's
-  bytes as they stream to the file and appends a 16-byte trailer (magic + xxh3_64
-  digest). ``FileSystemWriter`` uses it unless the caller passes its own
-  ``_extensions`` (torchtitan's ``dcp.save(state, checkpoint_id=...)`` and
-  ``dcp.async_save`` pass none); ``.metadata`` records it per item
-  (``transform_descriptors = ["boost_titan.xxh3/1"]``, and ``length`` includes the
-  trailer). On load DCP reads each stored item whole through the extension's reader,
-  which checks the trailer before handing any byte to ``torch.load``: on every rank,
-  for every layout, resharded loads included (a rank reads the whole stored chunks
-  its shards overlap).
+  bytes as they stream to the file, one xxh3_64 digest per MiB, and appends the digests
+  and a 20-byte footer (length, block size, magic). ``FileSystemWriter`` uses it unless
+  the caller passes its own ``_extensions`` (torchtitan's ``dcp.save(state,
+  checkpoint_id=...)`` and ``dcp.async_save`` pass none); ``.metadata`` records it per
+  item (``transform_descriptors = ["boost_titan.xxh3/1"]``; ``length`` includes the
+  trailer). On load, ``torch.load`` reads each item through the extension's reader,
+  which checks every MiB block against its digest as it is read and before the read
+  returns (whole blocks straight into torch's buffer, then hashed; the blocks torch
+  reads in pieces, the archive's head and tail, read whole once and served from
+  memory): no second pass, no extra copy. On every rank, for every layout, resharded
+  loads included (a rank reads the whole stored chunks its shards overlap).
 - **.metadata**: a sidecar ``.metadata.xxh3`` (JSON: algorithm, digest, bytes) is
   written, atomically, before ``.metadata`` is renamed into place; a load checks it
-  before ``.metadata`` is unpickled (through ``safe_metadata``'s allowlisted reader).
+  before ``.metadata`` is unpickled (in ``safe_metadata``'s allowlisted reader).
 
 A mismatch is one line (:class:`ChecksumMismatch`) naming the step folder, the file,
-the item (FQN, chunk offset) and the expected and found digests; :func:`mismatch_in`
-finds it inside DCP's per-rank ``CheckpointException``. :func:`resume_past_corruption`
-makes the trainer set a corrupted newest step aside (``step_N.corrupt``) and resume from
-the one before; :func:`check` / ``python -m boost_titan.checkpoint verify PATH`` verify
-a checkpoint without loading it.
+the item (FQN, chunk offset), the bytes and the expected and found digests;
+:func:`mismatch_in` finds it inside DCP's per-rank ``CheckpointException`` (every rank
+gets every rank's failure). :func:`resume_past_corruption` makes the trainer set a
+corrupted newest step aside (``step_N.corrupt``) and resume from the one before;
+:func:`check` / ``python -m boost_titan.checkpoint verify PATH`` verify a checkpoint
+without loading it.
 
 A checkpoint without any checksum (written before boost_titan checksummed checkpoints,
 or by a writer given ``_extensions=()``) loads with one warning that it is unverified.
 Half and half (a sidecar but items without checksums, or the reverse) is refused: that
 is not something any save writes.
 
-Not covered: torchtitan's HF safetensors checkpoints (``last_save_in_hf``; their own
-writer, no ``.metadata``) and DCP's process-based async save
-(``async_mode = "async_with_pinned_mem"``: the save runs in a process that has not
-called :func:`install`, so it writes item checksums without the sidecar, and the load
-refuses it; boost_titan's CPU runs cannot use that mode). Cost: xxh3_64 runs at
-~17 GB/s per core, and each item is read once, whole, into memory before
-``torch.load`` (``benchmarks/checkpoint_integrity.py`` measures it).
+DCP's process-based async save (``async_mode = "async_with_pinned_mem"``) writes in a
+spawned process: the writer it pickles there carries the extension, whose unpickling
+installs the save side (:func:`install_saving`). Not covered: torchtitan's HF
+safetensors checkpoints (``last_save_in_hf``; their own writer, no ``.metadata``: a
+trailer does not belong in files other tools read). Cost:
+``benchmarks/checkpoint_integrity.py``.
 
 Checkpoints written with checksums need this module to load: plain DCP does not know
 the ``boost_titan.xxh3`` extension (``ValueError: Unknown extension``); call
@@ -76,7 +78,6 @@ DESCRIPTOR = f"{NAME}/1"
 _MAGIC = b"BTxxh3\x00\x01"  # ends every checksummed item
 SIDECAR_SUFFIX = ".xxh3"
 _NOT_LOADED = "; not loaded"
-_CHUNK = 8 << 20  # verify() reads files in 8 MiB pieces
 
 
 class ChecksumMismatch(BaseException):
@@ -358,11 +359,21 @@ class Xxh3Trailer(StreamTransformExtension):
     def get_descriptor(self) -> str:
         return DESCRIPTOR
 
+    def __reduce__(self):
+        # DCP's process-based async save pickles the writer into a fresh process:
+        # the trailer brings the sidecar with it there (install_saving)
+        return (_trailer_in_this_process, ())
+
     def transform_to(self, output: IO[bytes]) -> IO[bytes]:
         return cast(IO[bytes], _HashingWriter(output))
 
     def transform_from(self, input: IO[bytes]) -> IO[bytes]:
         return cast(IO[bytes], _VerifyingReader(input))
+
+
+def _trailer_in_this_process() -> Xxh3Trailer:
+    install_saving()
+    return Xxh3Trailer()
 
 
 # ---------------------------------------------------------------- DCP hooks
@@ -571,13 +582,18 @@ def _check_loaded_metadata(reader, path, data: bytes, parse: Callable[[], Metada
     return metadata
 
 
+def install_saving() -> None:
+    """The save side of :func:`install` only (no torchtitan import)."""
+    filesystem._FileSystemWriter.__init__ = _writer_init  # type: ignore[method-assign]
+    filesystem._FileSystemWriter.finish = finish  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Checksum every DCP save of this process and verify every load (idempotent).
     Installs ``safe_metadata`` too: the sidecar is checked in its metadata reader."""
     safe_metadata.install()
     safe_metadata.metadata_check = _check_loaded_metadata
-    filesystem._FileSystemWriter.__init__ = _writer_init  # type: ignore[method-assign]
-    filesystem._FileSystemWriter.finish = finish  # type: ignore[method-assign]
+    install_saving()
     ExtensionRegistry.__init__ = _registry_init  # type: ignore[method-assign]
     filesystem._StorageReaderTransforms.transform_load_stream = transform_load_stream  # type: ignore[method-assign]
 

@@ -300,6 +300,45 @@ def test_the_nan_stop_names_the_newest_checkpoint_that_verifies(tmp_path):
     ) in str(info.value)
 
 
+def test_a_writer_pickled_into_a_fresh_process_writes_checksums(tmp_path):
+    """DCP's process-based async save (torchtitan's async_with_pinned_mem) pickles the
+    writer into a spawned process that never called install(): it writes the item
+    checksums and the .metadata sidecar there too."""
+    import subprocess
+    import sys
+
+    step = tmp_path / "step-2"
+    (tmp_path / "writer.pkl").write_bytes(pickle.dumps(FileSystemWriter(step)))
+    script = (
+        "import pickle, sys, warnings, torch\n"
+        "import torch.distributed.checkpoint as dcp\n"
+        "from torch.distributed.checkpoint import filesystem\n"
+        "warnings.simplefilter('ignore')\n"
+        "before = filesystem._FileSystemWriter.finish.__module__\n"
+        "writer = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "dcp.save({'w': torch.arange(6.0)}, storage_writer=writer, no_dist=True)\n"
+        "print(before, filesystem._FileSystemWriter.finish.__module__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "writer.pkl")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [
+        "torch.distributed.checkpoint.filesystem",
+        "boost_titan.integrity",
+    ]
+    result = integrity.check(step)
+    assert result.ok and result.checksummed and (step / ".metadata.xxh3").is_file()
+    back = {"w": torch.zeros(6)}
+    dcp.load(back, checkpoint_id=str(step), no_dist=True)
+    assert torch.equal(back["w"], torch.arange(6.0))
+
+
 # ---------------------------------------------------------------- end to end (gloo ranks)
 
 CONFIG = "debug_cola_btp_tp2.toml"
