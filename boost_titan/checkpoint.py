@@ -1,9 +1,15 @@
-"""Consolidated safetensors export / import of boost_titan checkpoints.
+"""Consolidated safetensors export / import of boost_titan checkpoints, and their
+verification.
 
     python -m boost_titan.checkpoint export --job.config_file CONFIG [--section.key v ...] \\
         --from outputs/run/checkpoint/step-1000 --to model.safetensors [--dtype bfloat16]
     python -m boost_titan.checkpoint import --job.config_file CONFIG [...] \\
         --from model.safetensors --to outputs/imported/step-0
+    python -m boost_titan.checkpoint verify outputs/run/checkpoint[/step-1000]
+
+``verify`` checks every byte of a checkpoint against the checksums its save recorded
+(``boost_titan.integrity``), without loading it or any config: exit 0 when it
+verifies, 1 with one line per bad item.
 
 ``export`` reads the model weights of a DCP checkpoint written by any layout (1
 process, TP/BTP, FSDP2, HSDP, PP: DCP stores global tensors, so the layout does not
@@ -42,9 +48,10 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from boost_titan import safe_metadata  # noqa: E402
+from boost_titan import integrity, safe_metadata  # noqa: E402
 
 safe_metadata.install()  # .metadata is unpickled with an allowlist, never plain pickle
+integrity.install()  # checksummed saves (import), verified loads (export)
 
 FORMAT = "boost_titan/1"
 # DCP warns that it runs without a process group: that is the point here
@@ -228,14 +235,18 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def main(argv: list[str] | None = None) -> None:
     import sys
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"]:  # no config: it reads nothing but the checkpoint
+        raise SystemExit(integrity.main(argv[1:]))
     from boost_titan.config_check import parse_config
 
     p = argparse.ArgumentParser(
         prog="python -m boost_titan.checkpoint",
         description="Export a DCP checkpoint to one safetensors file, or import one back. "
-        "Other arguments (--job.config_file, --model.*, --boost.*) define the model.",
+        "Other arguments (--job.config_file, --model.*, --boost.*) define the model. "
+        "`verify PATH` checks a checkpoint's checksums instead (see `verify --help`).",
     )
-    p.add_argument("command", choices=["export", "import"])
+    p.add_argument("command", choices=["export", "import", "verify"])
     p.add_argument(
         "--from",
         dest="src",
@@ -248,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--dtype", choices=sorted(_DTYPES), help="export: cast every tensor (default: as stored)"
     )
-    ours, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    ours, rest = p.parse_known_args(argv)
     if ours.dtype and ours.command == "import":
         p.error("--dtype applies to export only")
     try:
@@ -262,8 +273,13 @@ def main(argv: list[str] | None = None) -> None:
         FileExistsError,
         ValueError,
         safe_metadata.UntrustedCheckpointError,
+        integrity.ChecksumMismatch,
     ) as e:  # bad input: one line
         p.exit(1, f"{p.prog} {ours.command}: error: {e}\n")
+    except BaseException as e:  # DCP wraps a mismatch found while it reads
+        if (bad := integrity.mismatch_in(e)) is None:
+            raise
+        p.exit(1, f"{p.prog} {ours.command}: error: {bad}\n")
     print(f"wrote {out}")
 
 

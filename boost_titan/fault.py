@@ -23,6 +23,11 @@ permission at     bytes needed and free; the partial folder is        estimate: 
 a save            removed at once, the previous checkpoint named;     space``
                   at start, a warning if the checkpoints the run
                   keeps will not fit in the free space
+corrupted         a checksum mismatch while resuming from the newest  ``boost_titan.integrity``
+checkpoint        step: it is renamed ``step_N.corrupt`` and the
+                  step before it loaded (the log names the item and
+                  the steps lost); a named checkpoint fails; the
+                  NaN stop names the last checkpoint that verifies
 ================  ==================================================  ==============================
 
 Both per-step decisions (skip this update? stop for preemption?) must be the same on
@@ -254,7 +259,6 @@ class StepGuard:
         self.trainer.optimizers.zero_grad()
         self.consecutive_skips += 1
         self.skipped_steps.append(step)
-        last = self._last_checkpoint()
         if self.policy == "skip" and self.consecutive_skips <= self.max_consecutive_skips:
             logger.warning(
                 f"step {step}: non-finite loss or gradients; update skipped "
@@ -268,10 +272,11 @@ class StepGuard:
             if self.policy == "skip"
             else '[boost] nan_policy = "stop"; set nan_policy = "skip" to skip such steps'
         )
+        last, failed = self._last_checkpoint()
         raise NonFiniteStepError(
             f"step {step}: non-finite loss or gradients (NaN/inf); the update was not "
             f"applied and the run stops ({why}). Last checkpoint: {last or 'none'} "
-            "(untouched). A NaN caused by the data recurs on resume: skip it with "
+            f"(untouched{failed}). A NaN caused by the data recurs on resume: skip it with "
             '[boost] nan_policy = "skip", or lower the learning rate.'
         )
 
@@ -279,12 +284,20 @@ class StepGuard:
         if not self._update_skipped:
             self._scheduler_step()
 
-    def _last_checkpoint(self) -> str | None:
+    def _last_checkpoint(self) -> tuple[str | None, str]:
+        """(the newest checkpoint that verifies, a note naming newer ones that do not).
+        Rank 0 reads the checkpoint through (``boost_titan.integrity``): the message
+        must not send a restart to a corrupted one; the other ranks name the newest."""
         ckpt = self.trainer.checkpointer
         if not ckpt.enable:
-            return None
-        step = ckpt._find_load_step()
-        return None if step < 0 else ckpt._create_checkpoint_id(step)
+            return None, ""
+        if dist.is_initialized() and dist.get_rank() != 0:
+            step = ckpt._find_load_step()
+            return (None if step < 0 else ckpt._create_checkpoint_id(step)), ""
+        from boost_titan import integrity
+
+        last, failed = integrity.newest_verified(ckpt.folder)
+        return last, "".join(f"; newer, failed verification: {line}" for line in failed)
 
 
 # ---------------------------------------------------------------- cut-off checkpoints

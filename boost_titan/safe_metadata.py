@@ -45,6 +45,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,19 +160,32 @@ def _where() -> str:
     return _loading or "(a folder not read through boost_titan.safe_metadata)"
 
 
+# Set by boost_titan.integrity.install(): ``metadata_check(reader, path, data, parse)``
+# gets the bytes of each .metadata before they are unpickled (it verifies their
+# checksum) and returns ``parse()``, the Metadata unpickled from them by :func:`loads`.
+metadata_check: Callable[..., Metadata] | None = None
+
+
 def read_metadata(self: filesystem.FileSystemReader, *args: Any, **kwargs: Any) -> Metadata:
-    """``FileSystemReader.read_metadata`` of torch 2.13 with :func:`load` in place of
-    ``pickle.load``; the rest is torch's, line for line."""
+    """``FileSystemReader.read_metadata`` of torch 2.13 with :func:`loads` (after
+    :data:`metadata_check`) in place of ``pickle.load``; the rest is torch's, line for
+    line."""
     global _loading
     path = self._get_metadata_path(kwargs.get("rank"))
     _loading = folder = os.fspath(Path(os.fspath(path)).parent)
     with self.fs.create_stream(path, "rb") as metadata_file:
-        metadata = load(metadata_file, folder)
-    if not isinstance(metadata, Metadata):
-        raise _refusal(
-            folder,
-            f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata",
-        )
+        data = metadata_file.read()
+
+    def parse() -> Metadata:
+        metadata = loads(data, folder)
+        if not isinstance(metadata, Metadata):
+            raise _refusal(
+                folder,
+                f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata",
+            )
+        return metadata
+
+    metadata = parse() if metadata_check is None else metadata_check(self, path, data, parse)
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = StorageMeta()
     metadata.storage_meta.load_id = self.load_id

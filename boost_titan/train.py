@@ -20,7 +20,7 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import checkpoint_save, dashboard, fault, safe_metadata  # noqa: E402
+from boost_titan import checkpoint_save, dashboard, fault, integrity, safe_metadata  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import (  # noqa: E402
     check_schedule_runs_here,
@@ -36,6 +36,8 @@ from boost_titan.step_profile import (  # noqa: E402
 # every checkpoint this process loads (resume, initial_load_path) has its .metadata
 # unpickled with an allowlist: a crafted checkpoint cannot run code
 safe_metadata.install()
+# every checkpoint it saves is checksummed and every one it loads verified as it is read
+integrity.install()
 # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
 torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
 
@@ -76,8 +78,10 @@ class BoostTrainer(Trainer):
       TensorBoard, one console line, and HFU beside MFU;
     * faults (``boost_titan.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
-      the run cleanly, cut-off checkpoints are set aside before resuming, a save that
-      fails on the disk ends the run on one line (``boost_titan.checkpoint_save``), and
+      the run cleanly, cut-off checkpoints are set aside before resuming, a corrupted
+      newest checkpoint (``boost_titan.integrity``) is set aside and the one before it
+      loaded, a save that fails on the disk ends the run on one line
+      (``boost_titan.checkpoint_save``), and
       ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this."""
 
     _comm_logged = False
@@ -85,6 +89,8 @@ class BoostTrainer(Trainer):
 
     def __init__(self, job_config):
         super().__init__(job_config)
+        # a corrupted newest checkpoint is set aside and the one before it loaded
+        integrity.resume_past_corruption(self.checkpointer)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None

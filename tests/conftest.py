@@ -10,9 +10,10 @@ from boost_titan import cpu_runtime
 cpu_runtime.activate()
 # tests read DCP checkpoints themselves too (test_fault_tolerance): with the package's
 # allowlisted metadata reader, as boost_titan.train and boost_titan.checkpoint do
-from boost_titan import safe_metadata  # noqa: E402
+from boost_titan import integrity, safe_metadata  # noqa: E402
 
 safe_metadata.install()
+integrity.install()  # and checksums: the trainer's checkpoints carry them
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
