@@ -20,7 +20,7 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import dashboard, fault, safe_metadata  # noqa: E402
+from boost_titan import dashboard, data_resume, fault, safe_metadata  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import (  # noqa: E402
     check_schedule_runs_here,
@@ -77,6 +77,10 @@ class BoostTrainer(Trainer):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None
+        # a checkpoint of another data-parallel degree: refused, or its data re-positioned
+        data_resume.install(
+            self.checkpointer, self.dataloader, self.parallel_dims, job_config.boost.data_resume
+        )
         boost = job_config.boost
         self.guard = fault.StepGuard(
             self, boost.nan_policy, boost.nan_max_consecutive_skips, self.preemption
