@@ -22,13 +22,15 @@ checkpoint's ``.metadata`` declares (its ``dataloader.dp_rank_*`` keys) with thi
   union of each old shard's first ``sample_idx`` documents, :func:`plan_reshard`) are
   counted per new shard, and each new rank skips that many documents of its own shard,
   so the documents consumed in total stay the same. Where a new rank's next document is
-  a saved rank's next document (growing the dp degree by a whole factor: every new
-  shard starts inside an old one), it continues that rank's stream exactly, buffered
-  tokens included; other buffers are dropped. The log states what this costs: the
-  documents consumed before that will be read again, the never-read documents skipped
-  (as many: the total is kept), and the buffered tokens dropped. Map-style datasets
-  only (``boost_corpus``, ``local_text``); a streamed dataset's position is not a
-  document index and is refused.
+  a saved rank's next document, it continues that rank's stream exactly, buffered
+  tokens included; other buffers are dropped. Growing from dp 1 to any degree, or from
+  d to a multiple of d where every old shard boundary is a new one (always when the
+  document count divides evenly; 2 -> 4 on the embedded corpus), nothing is read twice,
+  skipped or dropped; a new shard that straddles an old boundary costs a few documents.
+  The log states what this costs: the documents consumed before that will be read
+  again, the never-read documents skipped (as many: the total is kept), and the
+  buffered tokens dropped. Map-style datasets only (``boost_corpus``, ``local_text``); a
+  streamed dataset's position is not a document index and is refused.
 
 Positions are within each rank's current pass over its shard (torchtitan's map-style
 datasets re-loop and do not record the pass), so "read again" means again in this pass.
@@ -108,9 +110,9 @@ def plan_reshard(
 
     New rank j skips as many documents of its shard as the saved ranks had consumed
     inside it (consumed = the first ``sample_idx`` documents of each old shard), so the
-    total consumed is kept and a new shard whose consumed documents form a prefix (the
-    usual case when the degree grows by a whole factor) resumes with nothing read twice
-    or skipped."""
+    total consumed is kept and a new shard whose consumed documents form a prefix of it
+    (every shard when the saved degree is 1) resumes with nothing read twice or
+    skipped."""
     old_shards = contiguous_shards(n_docs, len(saved_positions))
     for rank, ((start, end), pos) in enumerate(zip(old_shards, saved_positions)):
         if not 0 <= pos <= end - start:

@@ -67,7 +67,10 @@ class BoostTrainer(Trainer):
     * faults (``boost_titan.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
       the run cleanly, cut-off checkpoints are set aside before resuming, and
-      ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this."""
+      ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this;
+    * a checkpoint of another data-parallel degree is refused in one line, or resumed
+      with each rank re-positioned in its new shard (``[boost] data_resume``,
+      ``boost_titan.data_resume``)."""
 
     _comm_logged = False
     _last_run_step = -1  # the last step this process trained (fault injection fires after it)

@@ -99,15 +99,20 @@ def test_reshard_plan_counts_against_brute_force():
         )
 
 
-def test_reshard_plan_growing_by_a_factor_is_exact():
-    # dp 1 -> 2 and 2 -> 4 before any saved rank passed a new shard's start: nothing is
-    # read again or skipped, every buffer continues on the new rank that reads on
+def test_reshard_plan_is_exact_where_shards_line_up():
+    # dp 1 -> 2, and 2 -> 4 (every old shard boundary is a new one): nothing is read
+    # again or skipped, every buffer continues on the new rank that reads on
     plan = plan_reshard(4697, [3], [1178], 2)
     assert plan.positions == [3, 0] and plan.handover == {0: 0}
     assert (plan.repeated, plan.skipped, plan.dropped_tokens) == (0, 0, 0)
     plan = plan_reshard(4697, [3, 5], [10, 20], 4)
     assert plan.positions == [3, 0, 5, 0] and plan.handover == {0: 0, 2: 1}
     assert (plan.repeated, plan.skipped, plan.dropped_tokens) == (0, 0, 0)
+    # 3 -> 9 on 13 documents: old boundary 5 falls inside new shard [4, 6) (sizes
+    # 2,2,2,2,1,...): document 4 (rank 0's last, unread) is skipped, 5 read again
+    plan = plan_reshard(13, [2, 1, 0], [0, 0, 0], 9)
+    assert plan.positions == [2, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert (plan.repeated, plan.skipped) == (1, 1)
     # dp 2 -> 1: rank 1's 5 documents are read again, 5 of rank 0's unread ones skipped
     plan = plan_reshard(4697, [3, 5], [10, 20], 1)
     assert plan.positions == [8] and plan.handover == {}
