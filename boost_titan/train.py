@@ -20,7 +20,14 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import checkpoint_save, dashboard, fault, integrity, safe_metadata  # noqa: E402
+from boost_titan import (  # noqa: E402
+    checkpoint_save,
+    dashboard,
+    data_resume,
+    fault,
+    integrity,
+    safe_metadata,
+)
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import (  # noqa: E402
     check_schedule_runs_here,
@@ -82,7 +89,11 @@ class BoostTrainer(Trainer):
       newest checkpoint (``boost_titan.integrity``) is set aside and the one before it
       loaded, a save that fails on the disk ends the run on one line
       (``boost_titan.checkpoint_save``), and
-      ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this."""
+      ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this;
+
+    * a checkpoint of another data-parallel degree is refused in one line, or resumed
+      with each rank re-positioned in its new shard (``[boost] data_resume``,
+      ``boost_titan.data_resume``)."""
 
     _comm_logged = False
     _last_run_step = -1  # the last step this process trained (fault injection fires after it)
@@ -97,6 +108,10 @@ class BoostTrainer(Trainer):
         # a save failing on the disk ends the run on one line; warns now if the
         # checkpoints the run keeps will not fit (collective)
         self.save_guard = checkpoint_save.install(self, self.injector)
+        # a checkpoint of another data-parallel degree: refused, or its data re-positioned
+        data_resume.install(
+            self.checkpointer, self.dataloader, self.parallel_dims, job_config.boost.data_resume
+        )
         boost = job_config.boost
         self.guard = fault.StepGuard(
             self, boost.nan_policy, boost.nan_max_consecutive_skips, self.preemption
