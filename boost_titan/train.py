@@ -20,7 +20,7 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
-from boost_titan import dashboard, fault, safe_metadata  # noqa: E402
+from boost_titan import checkpoint_manager, dashboard, fault, safe_metadata  # noqa: E402
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
 from boost_titan.pipeline import (  # noqa: E402
     check_schedule_runs_here,
@@ -36,6 +36,8 @@ from boost_titan.step_profile import (  # noqa: E402
 # every checkpoint this process loads (resume, initial_load_path) has its .metadata
 # unpickled with an allowlist: a crafted checkpoint cannot run code
 safe_metadata.install()
+# the log names the checkpoint loaded (or none); runs end with keep_latest_k step folders
+checkpoint_manager.install()
 # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
 torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
 
