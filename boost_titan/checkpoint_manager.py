@@ -96,7 +96,8 @@ class BoostCheckpointManager(CheckpointManager):
         fmt = ", Hugging Face safetensors" if from_hf else ""
         if states:
             at = self.states["train_state"].step if "train_state" in states else 0
-            what = f"full ({', '.join(['model', *states])}) at step {at}"
+            kind = "full" if len(states) == len(cf.TRAINING_STATES) else "partial"
+            what = f"{kind} ({', '.join(['model', *states])}) at step {at}"
         else:
             what = "model weights only (optimizer, LR schedule, data position and step start fresh)"
         line = f"Loaded checkpoint {path} ({source}{fmt}): {what}"
