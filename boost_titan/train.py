@@ -21,6 +21,7 @@ from torchtitan.train import Trainer  # noqa: E402
 
 import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets)
 from boost_titan import (  # noqa: E402
+    checkpoint_manager,
     checkpoint_save,
     dashboard,
     data_resume,
@@ -45,6 +46,8 @@ from boost_titan.step_profile import (  # noqa: E402
 safe_metadata.install()
 # every checkpoint it saves is checksummed and every one it loads verified as it is read
 integrity.install()
+# the log names the checkpoint loaded (or none); runs end with keep_latest_k step folders
+checkpoint_manager.install()
 # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
 torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
 

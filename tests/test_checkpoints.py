@@ -75,6 +75,9 @@ def test_resume_under_btp_is_bit_exact(btp_run):
     shutil.copytree(
         full.dump_folder / "checkpoint" / "step-3", resumed_dir / "checkpoint" / "step-3"
     )
+    # the same command again: with the run's record of the initial_load_path it started
+    # from (else that path over step-3 is refused at parse time)
+    shutil.copy(full.dump_folder / "checkpoint" / "initial_load.json", resumed_dir / "checkpoint")
     resumed = run_training(CONFIG, 2, resumed_dir, *args)
     assert sorted(resumed.loss[0]) == [4, 5, 6]
     for rank in (0, 1):

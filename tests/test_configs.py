@@ -215,6 +215,44 @@ BAD = [
     ],
 ]
 
+# [checkpoint] options (issues 28 and 31): the whole line, key, value and what is valid
+_KEEP = (
+    "is not valid: use 0 (keep every checkpoint) or >= 2 (one complete checkpoint is kept "
+    "beside the newest save, which may still be being written under async_mode or hold only "
+    "the model under last_save_model_only)"
+)
+_ENABLE = (
+    "add --checkpoint.enable (the run then also saves checkpoints, every [checkpoint] "
+    "interval steps and at the end, unless --checkpoint.load_only is added too)"
+)
+BAD += [
+    (["--checkpoint.keep_latest_k", "1"], f"ValueError: [checkpoint] keep_latest_k = 1 {_KEEP}"),
+    (["--checkpoint.keep_latest_k", "-1"], f"ValueError: [checkpoint] keep_latest_k = -1 {_KEEP}"),
+    (
+        ["--checkpoint.interval", "0"],
+        "ValueError: [checkpoint] interval = 0 must be >= 1 (save every N steps)",
+    ),
+    (
+        ["--checkpoint.interval", "-5"],
+        "ValueError: [checkpoint] interval = -5 must be >= 1 (save every N steps)",
+    ),
+    (
+        ["--checkpoint.load_step", "-2"],
+        "ValueError: [checkpoint] load_step = -2 must be >= -1 (-1: the newest step)",
+    ),
+    # without --checkpoint.enable torchtitan ignores both: a fine-tuning run trained from
+    # fresh weights (step-1 loss 9.50 instead of 6.67)
+    (
+        ["--checkpoint.initial_load_path", "outputs/imported/step-0"],
+        "ValueError: [checkpoint] initial_load_path = 'outputs/imported/step-0' is ignored while "
+        f"checkpointing is off (training would start from fresh weights): {_ENABLE}",
+    ),
+    (
+        ["--checkpoint.load_step", "10"],
+        f"ValueError: [checkpoint] load_step = 10 is ignored while checkpointing is off: {_ENABLE}",
+    ),
+]
+
 # what those rules still accept (each refused above when the rule is wrong)
 GOOD = [
     [*_PP2, *_NO_LESS, *_ZBV, "--parallelism.pipeline_parallel_layers_per_stage", "1"],

@@ -172,6 +172,9 @@ def test_layout_matches_reference_run(layout, loro_seed, request, tmp_path):
     shutil.copytree(
         run.dump_folder / "checkpoint" / "step-4", resumed_dir / "checkpoint" / "step-4"
     )
+    # the same command again: with the run's record of the initial_load_path it started
+    # from (else that path over step-4 is refused at parse time)
+    shutil.copy(run.dump_folder / "checkpoint" / "initial_load.json", resumed_dir / "checkpoint")
     resumed = run_training(
         "debug_svd_loro.toml", ngpu, resumed_dir, *_from(loro_seed, *extra, *save)
     )

@@ -12,7 +12,8 @@ Two kinds of checks:
 * **launch checks** (when ``WORLD_SIZE`` is set, as torchrun sets it for every
   training process, or when ``check_config(config, world_size=N)`` is given one): the
   product of the parallel degrees against the world size, and the files a run reads
-  (tokenizer folder with tokenizer.json, corpus / dataset path, schedule csv). Tools
+  (tokenizer folder with tokenizer.json, corpus / dataset path, schedule csv, the
+  checkpoint a run would load). Tools
   that only parse a config (checkpoint export, tests) skip them.
 
 One module per job:
@@ -21,7 +22,9 @@ One module per job:
     parse      config file and command-line flags, then torchtitan's parser
     typecheck  the type of every value against its annotation
     training   [training] (with its dataloader and dataset), [optimizer], [lr_scheduler],
-               [metrics], [checkpoint], [profiling], [validation], [activation_checkpoint]
+               [metrics], [profiling], [validation], [activation_checkpoint]
+    checkpoint [checkpoint] options; at launch, what the run would load (the dump
+               folder's checkpoints, initial_load_path, the step to resume)
     layout     [parallelism]: degrees against the world size, PP schedule, batch sizes
     model      model name and flavor, [boost] against the flavor's shapes, TP degree,
                latent checkpointing, pipeline split

@@ -7,6 +7,7 @@ import os
 
 from boost_titan import config as boost_config
 from boost_titan.compile import check_compile_config
+from boost_titan.config_check.checkpoint import _check_checkpoint, _check_checkpoint_files
 from boost_titan.config_check.common import ConfigError
 from boost_titan.config_check.files import _check_files
 from boost_titan.config_check.layout import _check_batches, _check_parallelism
@@ -41,9 +42,9 @@ def check_config(
     """Fail early, with the valid choices; see :mod:`boost_titan.config_check`.
     ``world_size``: the launch's process count (default: ``WORLD_SIZE`` from the
     environment; absent: the launch checks are skipped). ``layout=False`` (tools that
-    only build the model, e.g. checkpoint export): the parallel layout, plan and batch
-    checks are skipped. ``files=False`` (the dry run): the launch checks without the
-    data and tokenizer files."""
+    only build the model, e.g. checkpoint export): the parallel layout, plan, batch and
+    [checkpoint] checks are skipped. ``files=False`` (the dry run): the launch checks
+    without the files (data, tokenizer, the checkpoint a run would load)."""
     ws = _world_size(world_size)
     _check_types(config)
     boost_config.validate_boost_config(config.boost)
@@ -54,9 +55,11 @@ def check_config(
     if not layout:
         _check_model(config, None)
         return
+    _check_checkpoint(config)  # (irrelevant to tools that only build the model)
     deg = _check_parallelism(config, ws)
     check_compile_config(config)
     _check_model(config, deg)
     _check_batches(config, deg)
     if ws is not None and files:
+        _check_checkpoint_files(config)
         _check_files(config)

@@ -1,6 +1,6 @@
 """The training sections: [training] (with its dataloader and dataset name),
 [optimizer], [lr_scheduler], and the rest that needs no model or layout: [metrics],
-[checkpoint], [profiling], [validation], [activation_checkpoint]."""
+[profiling], [validation], [activation_checkpoint]."""
 
 from __future__ import annotations
 
@@ -134,10 +134,6 @@ def _check_lr_scheduler(config) -> None:
 
 def _check_misc(config) -> None:
     _at_least("metrics", "log_freq", config.metrics.log_freq, 1)
-    ck = config.checkpoint
-    if ck.enable:
-        _at_least("checkpoint", "interval", ck.interval, 1)
-        _at_least("checkpoint", "keep_latest_k", ck.keep_latest_k, 0)
     if config.profiling.enable_profiling:
         _at_least("profiling", "profile_freq", config.profiling.profile_freq, 1)
     v = config.validation

@@ -1,0 +1,197 @@
+"""[checkpoint]: the options (always), and at launch what the run would load.
+
+torchtitan checks little here and ignores much silently: ``keep_latest_k = 1`` fails
+only once the model is built, naming no key; ``interval = 0`` divides by zero at the
+first save; ``initial_load_path`` and ``load_step`` without ``enable`` are ignored
+(the run starts from fresh weights); an ``initial_load_path`` is ignored too when the
+dump folder's checkpoint folder exists (its newest step is resumed instead); and a
+resume of a model-only step (a run's final save under ``last_save_model_only``) fails
+deep inside DCP with ``Missing key in checkpoint state_dict: dataloader.dp_rank_0``.
+
+The launch checks (:func:`_check_checkpoint_files`) read the file system: the
+checkpoint folder ``<dump_folder>/<folder>``, ``initial_load_path`` and the ``.metadata``
+of the step a run would resume. They run only for a launch (``WORLD_SIZE`` set), never
+for tools that only parse a config (dry run, checkpoint export/import).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from boost_titan import checkpoint_folder as cf
+from boost_titan.config_check.common import ConfigPathError, _at_least, bad
+
+_ENABLE_HINT = (
+    "add --checkpoint.enable (the run then also saves checkpoints, every [checkpoint] "
+    "interval steps and at the end, unless --checkpoint.load_only is added too)"
+)
+
+
+def _check_checkpoint(config) -> None:
+    ck = config.checkpoint
+    _at_least("checkpoint", "interval", ck.interval, 1, " (save every N steps)")
+    if ck.keep_latest_k < 0 or ck.keep_latest_k == 1:
+        raise bad(
+            "checkpoint",
+            "keep_latest_k",
+            ck.keep_latest_k,
+            "is not valid: use 0 (keep every checkpoint) or >= 2 (one complete checkpoint "
+            "is kept beside the newest save, which may still be being written under "
+            "async_mode or hold only the model under last_save_model_only)",
+        )
+    _at_least("checkpoint", "load_step", ck.load_step, -1, " (-1: the newest step)")
+    if not ck.enable:
+        if ck.initial_load_path:
+            raise bad(
+                "checkpoint",
+                "initial_load_path",
+                ck.initial_load_path,
+                f"is ignored while checkpointing is off (training would start from fresh "
+                f"weights): {_ENABLE_HINT}",
+            )
+        if ck.load_step != -1:
+            raise bad(
+                "checkpoint",
+                "load_step",
+                ck.load_step,
+                f"is ignored while checkpointing is off: {_ENABLE_HINT}",
+            )
+
+
+def _check_checkpoint_files(config) -> None:
+    """What a launch with checkpointing on would load: the step it resumes exists and
+    is a full save; an initial_load_path is a DCP step folder and is not shadowed by
+    checkpoints already in the dump folder."""
+    ck = config.checkpoint
+    if not ck.enable or ck.create_seed_checkpoint:  # a seed checkpoint loads nothing
+        return
+    folder = os.path.join(config.job.dump_folder, ck.folder)
+    steps = cf.complete_steps(folder)
+    if ck.initial_load_path:
+        if not steps:
+            _check_initial_load_path(ck)
+        elif not cf.started_from(folder, ck.initial_load_path):
+            # torchtitan resumes the folder's newest step and ignores initial_load_path
+            raise bad(
+                "checkpoint",
+                "initial_load_path",
+                ck.initial_load_path,
+                f"would not be loaded: the dump folder's checkpoint folder {folder!r} "
+                f"already holds step-{steps[-1]}{_of_another_run(folder)}, which a run "
+                f"resumes first; use a new --job.dump_folder to start from "
+                f"{ck.initial_load_path!r}, or drop --checkpoint.initial_load_path to "
+                f"resume step-{steps[-1]}",
+            )
+    if ck.load_step != -1 and ck.load_step not in steps:
+        held = f"holds steps {steps}" if steps else "holds no complete checkpoint"
+        raise bad(
+            "checkpoint",
+            "load_step",
+            ck.load_step,
+            f"names no complete checkpoint: {folder!r} {held}"
+            + ("; -1 resumes the newest" if steps else ""),
+            ConfigPathError,
+        )
+    step = ck.load_step if ck.load_step != -1 else (steps[-1] if steps else 0)
+    if step == 0:  # nothing to resume; torchtitan loads a step-0 (seed) model only
+        return
+    path = cf.step_dir(folder, step)
+    missing = cf.missing_states(path, ck.exclude_from_loading)
+    if missing:
+        excluded = ck.exclude_from_loading
+        full = [
+            s for s in steps if s < step and not cf.missing_states(cf.step_dir(folder, s), excluded)
+        ]
+        ways = (
+            f"resume the newest full save with --checkpoint.load_step {full[-1]}, or "
+            if full
+            else ""
+        )
+        which = "the newest step" if ck.load_step == -1 else "this step"
+        held = (
+            "only the model (a run's final save under [checkpoint] last_save_model_only = true)"
+            if len(missing) == len(cf.TRAINING_STATES)
+            else f"no {', '.join(missing)}"
+        )
+        raise bad(
+            "checkpoint",
+            "load_step",
+            ck.load_step,
+            f"resumes {which}, {path!r}, which holds {held} and cannot restore "
+            f"{', '.join(missing)}: {ways}start a new run from its weights with "
+            f"--checkpoint.initial_load_path {path} and a new --job.dump_folder",
+        )
+
+
+def _of_another_run(folder: str) -> str:
+    record = cf.read_record(folder)
+    return f" of a run that started from {record['initial_load_path']!r}" if record else ""
+
+
+def _check_initial_load_path(ck) -> None:
+    path = ck.initial_load_path
+    if not os.path.exists(path):
+        raise bad(
+            "checkpoint",
+            "initial_load_path",
+            path,
+            f"does not exist (cwd {os.getcwd()!r}); it must be a checkpoint's step folder, "
+            "e.g. <dump_folder>/checkpoint/step-N",
+            ConfigPathError,
+        )
+    if ck.initial_load_in_hf:
+        if not glob.glob(os.path.join(path, "*.safetensors")):
+            raise bad(
+                "checkpoint",
+                "initial_load_path",
+                path,
+                "holds no *.safetensors file; with [checkpoint] initial_load_in_hf it must "
+                "be a folder of Hugging Face safetensors",
+                ConfigPathError,
+            )
+        return
+    if not os.path.isdir(path):
+        raise bad(
+            "checkpoint",
+            "initial_load_path",
+            path,
+            "is a file, not a DCP step folder (a folder holding .metadata, e.g. "
+            "<dump_folder>/checkpoint/step-N); turn a safetensors file into one with "
+            "`python -m boost_titan.checkpoint import --from FILE --to DIR/step-0`",
+            ConfigPathError,
+        )
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        inner = cf.complete_steps(path)
+        dumped = cf.complete_steps(os.path.join(path, "checkpoint"))
+        if inner or dumped:
+            what = "checkpoint" if inner else "dump"
+            folder = path if inner else os.path.join(path, "checkpoint")
+            why = (
+                f"is a {what} folder, not a step folder: point it at one of its steps "
+                f"{inner or dumped}, e.g. the newest, "
+                f"{cf.step_dir(folder, (inner or dumped)[-1])!r}"
+            )
+        elif os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
+            why = (
+                "holds Hugging Face safetensors, not a DCP checkpoint: add "
+                "--checkpoint.initial_load_in_hf"
+            )
+        else:
+            why = (
+                "holds no .metadata, so it is not a complete DCP step folder (a finished "
+                "save holds .metadata beside its *.distcp files; a save cut off does not)"
+            )
+        raise bad("checkpoint", "initial_load_path", path, why, ConfigPathError)
+    if not ck.initial_load_model_only:
+        missing = cf.missing_states(path, ck.exclude_from_loading)
+        if missing:
+            raise bad(
+                "checkpoint",
+                "initial_load_model_only",
+                False,
+                f"but initial_load_path {path!r} holds "
+                + ("only the model" if len(missing) == len(cf.TRAINING_STATES) else "no")
+                + f" ({', '.join(missing)} missing): leave initial_load_model_only on "
+                "(the default) to start from its weights",
+            )
