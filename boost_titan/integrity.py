@@ -674,7 +674,8 @@ def resume_past_corruption(checkpointer) -> None:
     load = checkpointer.load
 
     def guarded_load(step: int = -1) -> bool:
-        resuming = step == -1 and os.path.exists(checkpointer.folder)
+        # (checkpointing off: torchtitan's manager has no folder, and load does nothing)
+        resuming = step == -1 and checkpointer.enable and os.path.exists(checkpointer.folder)
         while True:
             newest = checkpointer._find_load_step() if resuming else -1
             try:
