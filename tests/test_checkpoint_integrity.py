@@ -405,6 +405,9 @@ def test_resume_sets_a_corrupted_newest_step_aside(uninterrupted, seed_checkpoin
     folder = tmp_path / "resumed" / "checkpoint"
     shutil.copytree(ref.dump_folder / "checkpoint" / "step-2", folder / "step-2")
     shutil.copytree(corrupted, folder / "step-4")
+    # the same command again: with the run's record of the initial_load_path it started
+    # from (else that path over these steps is refused at parse time)
+    shutil.copy(ref.dump_folder / "checkpoint" / "initial_load.json", folder)
     line = line.replace(str(corrupted), str(folder / "step-4"))
     run = run_training(
         CONFIG, 2, tmp_path / "resumed", *_train_args(seed_checkpoint("debug_cola.toml"), 6)
