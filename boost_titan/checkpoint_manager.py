@@ -1,4 +1,23 @@
-"""torchtitan's CheckpointManager, with what it leaves silent or unfinished done:
+"""torchtitan's CheckpointManager, with what it leaves silent or unfinished done. Every
+checkpoint behaviour of a run is reached from this class:
+
+==========================  ==========================================  =====================
+method                      what boost_titan adds                       where the logic is
+==========================  ==========================================  =====================
+``load``                    a corrupted newest step is set aside and    ``integrity``
+                            the step before it loaded; the log says
+                            what was loaded (below)
+``dcp_load``                another data-parallel degree: refused in    ``data_resume``
+                            one line, or each rank re-positioned
+``dcp_save``,               a save failing on the disk ends the run     ``checkpoint_save``
+``_async_wait``             on one line, the partial folder removed
+``save``                    the initial_load_path record; exactly       here
+                            keep_latest_k step folders at the end
+(every DCP read / write)    checksums written and verified; .metadata   ``integrity``,
+                            unpickled with an allowlist                 ``safe_metadata``
+==========================  ==========================================  =====================
+
+In detail, here:
 
 * **the log says what was loaded**: one line on rank 0 when a run starts, ``Loaded
   checkpoint PATH (where it came from): full (...) at step N`` or ``... model weights
@@ -32,6 +51,7 @@ from torchtitan.components.checkpoint import CheckpointManager, Terminate, purge
 from torchtitan.tools.logging import logger
 
 from boost_titan import checkpoint_folder as cf
+from boost_titan import checkpoint_save, data_resume, integrity
 
 
 def _rank0() -> bool:
@@ -42,14 +62,29 @@ class BoostCheckpointManager(CheckpointManager):
     _loaded: tuple[str, list[str], bool] | None = None  # (path, training states, from HF)
     _started_from: str | None = None  # the initial_load_path this process loaded
     _recorded = False
+    save_guard: checkpoint_save.SaveGuard | None = None  # None: saves unguarded
+    data_position: data_resume.DataPosition | None = None  # None: no per-rank data position
+
+    def attach(self, trainer, injector) -> None:
+        """The run's checkpoint policies, once the trainer is built (collective: every
+        rank; the start-time disk-space check happens here)."""
+        self.save_guard = checkpoint_save.guard(trainer, injector)
+        self.data_position = data_resume.DataPosition.for_run(
+            trainer.dataloader, trainer.parallel_dims, trainer.job_config.boost.data_resume
+        )
 
     # ------------------------------------------------------------------ load
     def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
+        if self.data_position is not None:
+            state_dict = self.data_position.adapt(state_dict, checkpoint_id, from_hf)
         states = [s for s in cf.TRAINING_STATES if s in state_dict]
         super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
         self._loaded = (checkpoint_id, states, from_hf)
 
     def load(self, step: int = -1) -> bool:
+        return integrity.load_past_corruption(self, self._load_and_report, step)
+
+    def _load_and_report(self, step: int = -1) -> bool:
         if not self.enable:
             if _rank0():
                 logger.info(
@@ -111,6 +146,16 @@ class BoostCheckpointManager(CheckpointManager):
         return line
 
     # ------------------------------------------------------------------ save
+    def dcp_save(self, *args, **kwargs):
+        if self.save_guard is None:
+            return super().dcp_save(*args, **kwargs)
+        return self.save_guard.dcp_save(super().dcp_save, *args, **kwargs)
+
+    def _async_wait(self) -> None:
+        if self.save_guard is None:
+            return super()._async_wait()
+        return self.save_guard.async_wait(super()._async_wait)
+
     def save(self, curr_step: int, last_step: bool = False) -> None:
         saves = self._should_save(curr_step, last_step)
         if saves and self._started_from and not self._recorded:

@@ -10,7 +10,7 @@ unexpected pos 704 vs 598`` (the 165-line trace of a full disk). Here:
 * every file DCP writes goes through :class:`_GuardedFile`, which keeps the first
   ``OSError`` a write raises; when the write fails the error leaves the file's ``with``
   block as that ``OSError`` (errno, file), so DCP passes it on to every rank;
-* :class:`SaveGuard` wraps the checkpointer's ``dcp_save`` (and, for
+* :class:`SaveGuard` guards the checkpoint manager's ``dcp_save`` (and, for
   ``checkpoint.async_mode = "async"``, the wait on the save in flight, where its error
   surfaces at the next save): on a disk error, with every rank holding the same
   verdict, it measures what the checkpoint needs (``checkpoint_space``: the state dict
@@ -251,21 +251,18 @@ def _folder_bytes(path: str) -> int:
 
 
 class SaveGuard:
-    """Wraps one torchtitan CheckpointManager (see the module docstring)."""
+    """The checkpoint manager's saves, guarded (see the module docstring): it calls
+    :meth:`dcp_save` and :meth:`async_wait` with torchtitan's own."""
 
     def __init__(self, checkpointer, estimated_bytes: int | None = None, current_step=None):
         self.ckpt = checkpointer
         self.current_step = current_step  # () -> the trainer's step (async: when noticed)
         self.estimated_bytes = estimated_bytes  # the start-time figure (lone errors)
         self.pending: tuple[str, dict] | None = None  # an async save in flight
-        self._dcp_save = checkpointer.dcp_save
-        self._async_wait = checkpointer._async_wait
-        checkpointer.dcp_save = self.dcp_save
-        checkpointer._async_wait = self.async_wait
 
-    def dcp_save(self, state_dict, checkpoint_id, async_mode, *args, **kwargs):
+    def dcp_save(self, save, state_dict, checkpoint_id, async_mode, *args, **kwargs):
         try:
-            ret = self._dcp_save(state_dict, checkpoint_id, async_mode, *args, **kwargs)
+            ret = save(state_dict, checkpoint_id, async_mode, *args, **kwargs)
         except BaseException as e:
             self.fail(e, checkpoint_id, state_dict)
             raise
@@ -273,9 +270,9 @@ class SaveGuard:
             self.pending = (checkpoint_id, state_dict)
         return ret
 
-    def async_wait(self) -> None:
+    def async_wait(self, wait) -> None:
         try:
-            self._async_wait()
+            wait()
             if self.ckpt.save_future is None:  # waited for and done (async mode)
                 self.pending = None
         except BaseException as e:
@@ -345,9 +342,10 @@ class SaveGuard:
 # ---------------------------------------------------------------- wiring
 
 
-def install(trainer, injector) -> SaveGuard | None:
-    """Guard the trainer's checkpoint saves and check at start that the run's
-    checkpoints fit on their disk (warn if not). Collective: call on every rank."""
+def guard(trainer, injector) -> SaveGuard | None:
+    """The guard of the trainer's checkpoint saves (None: the run saves nothing), after
+    checking that the run's checkpoints fit on their disk (warn if not). Collective:
+    call on every rank."""
     ckpt = trainer.checkpointer
     if not ckpt.enable or ckpt.load_only:
         return None

@@ -12,7 +12,7 @@ contiguous shard of the documents (``datasets.distributed.split_dataset_by_node`
 shards are other ranges, and torchtitan's load dies inside DCP (``Missing key in
 checkpoint state_dict: dataloader.dp_rank_1``) or on an assert.
 
-Before DCP reads anything, :func:`install`'s hook compares the dp degree the
+Before DCP reads anything, :meth:`DataPosition.adapt` compares the dp degree the
 checkpoint's ``.metadata`` declares (its ``dataloader.dp_rank_*`` keys) with this run's:
 
 * ``"exact"`` (default): a change is refused with one line (:class:`DataResumeError`)
@@ -327,37 +327,45 @@ def _reposition(dataloader, folder: str, old_degree: int, states: list[dict]) ->
     logger.warning(describe(plan, old_degree, len(sizes), folder))
 
 
-def install(checkpointer, dataloader, parallel_dims, mode: str) -> None:
-    """Check every DCP load of ``checkpointer`` that includes the data loader against
-    this run's data-parallel degree (see the module docstring). Wraps the instance's
-    ``dcp_load``: the one call every resume, ``load_step`` and ``initial_load_path``
-    goes through, with the step folder it reads."""
-    if mode not in DATA_RESUME_MODES:
-        raise ValueError(f"[boost] data_resume = {mode!r}: choose one of {list(DATA_RESUME_MODES)}")
-    if dataloader is None or not hasattr(dataloader, "dp_world_size"):
-        return
-    torchtitan_dcp_load = checkpointer.dcp_load
+class DataPosition:
+    """This run's data-parallel layout and ``[boost] data_resume`` mode, checked against
+    every DCP load that includes the data loader (the checkpoint manager's ``dcp_load``:
+    the one call every resume, ``load_step`` and ``initial_load_path`` goes through,
+    with the step folder it reads)."""
 
-    def dcp_load(state_dict, checkpoint_id, from_hf, from_quantized):
-        if not from_hf and isinstance(state_dict, dict) and "dataloader" in state_dict:
-            folder = os.fspath(checkpoint_id)
-            saved = saved_layout(folder)
-            if saved is not None and saved[0] != dataloader.dp_world_size:
-                if mode == "exact":
-                    raise DataResumeError(
-                        refusal(
-                            folder,
-                            saved,
-                            dataloader.dp_world_size,
-                            _layout_of_this_run(parallel_dims),
-                        )
-                    )
-                _check_reshardable(dataloader, folder)
-                state_dict = dict(state_dict)
-                state_dict["dataloader"] = _SavedPositions(
-                    saved[0],
-                    lambda states: _reposition(dataloader, folder, saved[0], states),
+    def __init__(self, dataloader, parallel_dims, mode: str):
+        if mode not in DATA_RESUME_MODES:
+            raise ValueError(
+                f"[boost] data_resume = {mode!r}: choose one of {list(DATA_RESUME_MODES)}"
+            )
+        self.dataloader, self.parallel_dims, self.mode = dataloader, parallel_dims, mode
+
+    @classmethod
+    def for_run(cls, dataloader, parallel_dims, mode: str) -> DataPosition | None:
+        """None when the run has no per-rank data position to check."""
+        if dataloader is None or not hasattr(dataloader, "dp_world_size"):
+            return None
+        return cls(dataloader, parallel_dims, mode)
+
+    def adapt(self, state_dict, checkpoint_id, from_hf: bool):
+        """The state dict DCP should load: refused (``exact``) or with the data loader's
+        entry re-positioning this run's shards (``reshard``) when the dp degree changed."""
+        if from_hf or not isinstance(state_dict, dict) or "dataloader" not in state_dict:
+            return state_dict
+        folder = os.fspath(checkpoint_id)
+        saved = saved_layout(folder)
+        dataloader = self.dataloader
+        if saved is None or saved[0] == dataloader.dp_world_size:
+            return state_dict
+        if self.mode == "exact":
+            raise DataResumeError(
+                refusal(
+                    folder, saved, dataloader.dp_world_size, _layout_of_this_run(self.parallel_dims)
                 )
-        return torchtitan_dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
-
-    checkpointer.dcp_load = dcp_load
+            )
+        _check_reshardable(dataloader, folder)
+        state_dict = dict(state_dict)
+        state_dict["dataloader"] = _SavedPositions(
+            saved[0], lambda states: _reposition(dataloader, folder, saved[0], states)
+        )
+        return state_dict

@@ -24,7 +24,7 @@ next to ``safe_metadata.install()``) makes every DCP save and load of the proces
 A mismatch is one line (:class:`ChecksumMismatch`) naming the step folder, the file,
 the item (FQN, chunk offset), the bytes and the expected and found digests;
 :func:`mismatch_in` finds it inside DCP's per-rank ``CheckpointException`` (every rank
-gets every rank's failure). :func:`resume_past_corruption` makes the trainer set a
+gets every rank's failure). :func:`load_past_corruption` makes the trainer set a
 corrupted newest step aside (``step_N.corrupt``) and resume from the one before;
 :func:`check` / ``python -m boost_titan.checkpoint verify PATH`` verify a checkpoint
 without loading it.
@@ -657,8 +657,8 @@ def _reset_optimizer_state(checkpointer) -> None:
             state.clear()
 
 
-def resume_past_corruption(checkpointer) -> None:
-    """Make ``checkpointer.load`` (torchtitan's CheckpointManager) survive a corrupted
+def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = -1) -> bool:
+    """``load(step)`` (torchtitan's ``CheckpointManager.load``) surviving a corrupted
     newest checkpoint when it resumes from its own folder (the folder exists and no
     ``load_step`` is given: torchtitan then ignores ``initial_load_path``): a checksum
     mismatch on any rank (DCP gives every rank every rank's failure) sets that step
@@ -671,36 +671,31 @@ def resume_past_corruption(checkpointer) -> None:
     (DCP loads in place); the retry overwrites all of them: the planner requires every
     key of the state dict from the older step (``allow_partial_load`` is off), and a
     run's steps hold the same keys; a model-only step 0 resets the optimizer state."""
-    load = checkpointer.load
-
-    def guarded_load(step: int = -1) -> bool:
-        # (checkpointing off: torchtitan's manager has no folder, and load does nothing)
-        resuming = step == -1 and checkpointer.enable and os.path.exists(checkpointer.folder)
-        while True:
-            newest = checkpointer._find_load_step() if resuming else -1
-            try:
-                return load(step)
-            except BaseException as e:
-                bad = mismatch_in(e)
-                if not resuming or newest < 0 or bad is None:
-                    _reraise_as_one_line(e)
-                    raise
-            moved = _quarantine(checkpointer._create_checkpoint_id(newest))
-            older = checkpointer._find_load_step()
-            if older < 0:
-                raise ChecksumMismatch(
-                    f"{bad}. It was the only checkpoint left in {checkpointer.folder} (moved "
-                    f"to {moved}): no verified checkpoint to resume from. Restore a copy of "
-                    "it, or start over with a new --job.dump_folder"
-                ) from None
-            logger.warning(
-                f"{bad}. Moved it to {moved}; resuming from step {older} instead: "
-                f"{newest - older} steps ({older + 1}-{newest}) are trained again"
-            )
-            if older == 0:
-                _reset_optimizer_state(checkpointer)
-
-    checkpointer.load = guarded_load
+    # (checkpointing off: torchtitan's manager has no folder, and load does nothing)
+    resuming = step == -1 and checkpointer.enable and os.path.exists(checkpointer.folder)
+    while True:
+        newest = checkpointer._find_load_step() if resuming else -1
+        try:
+            return load(step)
+        except BaseException as e:
+            bad = mismatch_in(e)
+            if not resuming or newest < 0 or bad is None:
+                _reraise_as_one_line(e)
+                raise
+        moved = _quarantine(checkpointer._create_checkpoint_id(newest))
+        older = checkpointer._find_load_step()
+        if older < 0:
+            raise ChecksumMismatch(
+                f"{bad}. It was the only checkpoint left in {checkpointer.folder} (moved "
+                f"to {moved}): no verified checkpoint to resume from. Restore a copy of "
+                "it, or start over with a new --job.dump_folder"
+            ) from None
+        logger.warning(
+            f"{bad}. Moved it to {moved}; resuming from step {older} instead: "
+            f"{newest - older} steps ({older + 1}-{newest}) are trained again"
+        )
+        if older == 0:
+            _reset_optimizer_state(checkpointer)
 
 
 # ---------------------------------------------------------------- standalone verification

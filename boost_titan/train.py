@@ -24,7 +24,6 @@ from boost_titan import (  # noqa: E402
     checkpoint_manager,
     checkpoint_save,
     dashboard,
-    data_resume,
     fault,
     integrity,
     safe_metadata,
@@ -103,18 +102,11 @@ class BoostTrainer(Trainer):
 
     def __init__(self, job_config):
         super().__init__(job_config)
-        # a corrupted newest checkpoint is set aside and the one before it loaded
-        integrity.resume_past_corruption(self.checkpointer)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None
-        # a save failing on the disk ends the run on one line; warns now if the
-        # checkpoints the run keeps will not fit (collective)
-        self.save_guard = checkpoint_save.install(self, self.injector)
-        # a checkpoint of another data-parallel degree: refused, or its data re-positioned
-        data_resume.install(
-            self.checkpointer, self.dataloader, self.parallel_dims, job_config.boost.data_resume
-        )
+        # corrupted newest step, full disk, another dp degree: boost_titan.checkpoint_manager
+        self.checkpointer.attach(self, self.injector)
         boost = job_config.boost
         self.guard = fault.StepGuard(
             self, boost.nan_policy, boost.nan_max_consecutive_skips, self.preemption

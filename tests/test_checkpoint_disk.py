@@ -98,7 +98,8 @@ def test_injected_enospc_is_one_line_and_keeps_the_previous_checkpoint(
     st = os.statvfs(folder)
     assert 0 < _n(free) <= st.f_blocks * st.f_frsize
 
-    assert sorted(os.listdir(folder)) == ["step-2"]  # the partial step-4 is gone
+    # the partial step-4 is gone (beside step-2: the run's initial_load_path record)
+    assert sorted(os.listdir(folder)) == ["initial_load.json", "step-2"]
     assert "enforce fail" not in out and "unexpected pos" not in out
     assert "Traceback" not in out and "CheckpointException" not in out
     assert sorted(run.loss[0]) == [1, 2, 3, 4]  # it stopped at step 4's save
