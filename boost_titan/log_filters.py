@@ -44,6 +44,14 @@ _WARNINGS = (
         "'set_vital' is deprecated, please do not call",
         r"torchdata\.stateful_dataloader\.stateful_dataloader",
     ),
+    # one process (or DDP): torchtitan's maybe_enable_amp wraps each step in
+    # torch.autocast(dtype=mixed_precision_param); on CPU that dtype can only be float32
+    # to be refused (CPU autocast takes bfloat16 and float16, the other two choices), and
+    # autocast to float32 is no autocast: fp32 is what the config asked for
+    (
+        "In CPU autocast, but the target dtype is not supported. Disabling autocast.",
+        r"torchtitan\.distributed\.utils",
+    ),
     # torchtitan's set_pg_timeouts sets the training timeout on every mesh's group: the
     # groups of degree-1 (and 'batch') mesh dimensions are torchtitan's fake groups
     # (ParallelDims backend_override "fake"), which never communicate and take no
