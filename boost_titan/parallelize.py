@@ -14,6 +14,7 @@ from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_ddp, apply_fsdp
 from torchtitan.tools.logging import logger
 
+from boost_titan import log_filters
 from boost_titan.compile import apply_compile, use_rank_local_compile_cache
 from boost_titan.cpu_runtime import fix_fsdp_reduce_for_gloo
 from boost_titan.latent_checkpoint import apply_latent_checkpointing
@@ -115,6 +116,8 @@ def apply_autocast_without_fsdp(model: nn.Module, parallel_dims: ParallelDims, j
     attention in the 16-bit dtype, reductions and the residual stream in fp32, fp32
     master weights and gradients. It wraps the forward (not the step) so pipeline
     stages get it too, with backward outside it as autocast requires."""
+    if not parallel_dims.fsdp_enabled and (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
+        log_filters.drop_torchtitan_mixed_precision_lines()  # wrong here: see below
     dtype = autocast_dtype(parallel_dims, job_config)
     if dtype is None:
         return
@@ -122,8 +125,8 @@ def apply_autocast_without_fsdp(model: nn.Module, parallel_dims: ParallelDims, j
 
     model.forward = functools.partial(_autocast_forward, model.forward, device_type, dtype)
     logger.info(
-        f"Mixed precision: {dtype} autocast around each model part's forward (torchtitan "
-        "will log 'Mixed precision training is disabled': it applies it only with FSDP)"
+        f"Mixed precision: {dtype} autocast around each model part's forward "
+        "(boost_titan: torchtitan applies it only with FSDP)"
     )
 
 

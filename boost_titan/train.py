@@ -26,6 +26,7 @@ from boost_titan import (  # noqa: E402
     dashboard,
     fault,
     integrity,
+    log_filters,
     safe_metadata,
 )
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     import sys
 
     init_logger()
+    log_filters.install_for_training()  # wrong or irrelevant warnings on our paths
     config = parse_config(sys.argv[1:] if argv is None else argv)
     check_schedule_runs_here(config)
     fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here

@@ -146,6 +146,9 @@ def test_too_big_layout_is_refused_with_the_figure():
         "1",
     )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # the recipe names a tokenizer this checkout lacks; a dry run reads none, and says nothing
+    assert not (REPO / "assets" / "llama2_tokenizer").exists()
+    assert "HF assets path" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
     assert "does not fit: every rank needs" in proc.stderr
     assert "> 36.0 GiB (40 GiB less 10%)" in proc.stderr
     assert " NO" in proc.stdout

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 from pathlib import Path
 
@@ -130,6 +131,9 @@ def test_single_process_loss_falls(loro_single):
     losses = loro_single.losses(0)
     print(f"\nLORO 1 process, K={K}: {[round(x, 4) for x in losses]}")
     assert len(losses) == 7 and losses[-1] < losses[0] - 0.5, losses
+    # one process, float32: torchtitan's autocast to float32 (refused by CPU autocast)
+    # used to warn; no Python warning is left (boost_titan.log_filters)
+    assert "Warning:" not in loro_single.output, loro_single.output[-3000:]
 
 
 FSDP2 = ("--parallelism.data_parallel_shard_degree", "2")
@@ -167,6 +171,7 @@ def test_layout_matches_reference_run(layout, loro_seed, request, tmp_path):
         assert abs(a - b) <= 1e-4 * b, f"step {step}: {layout} {a} vs {against} {b}"
     if layout != "tp2":
         return
+    _assert_loro_logged(run.output)
     assert_safe_metadata(run.dump_folder / "checkpoint" / "step-4")  # LORO optimizer state
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(
@@ -183,6 +188,25 @@ def test_layout_matches_reference_run(layout, loro_seed, request, tmp_path):
         for step in (5, 6, 7):
             assert resumed.loss[rank][step] == run.loss[rank][step], (rank, step)
             assert resumed.grad_norm[rank][step] == run.grad_norm[rank][step], (rank, step)
+
+
+_EXACT_LINE = re.compile(
+    r"\[rank(\d+)\]:.*LORO exact step at step (\d+): ([\d.]+) s \((\d+) factor pairs\)"
+)
+
+
+def _assert_loro_logged(output: str) -> None:
+    """Rank 0 says once that LORO is active, and marks each exact step (3 and 6) with
+    its cost; the TP2 run's log does not call itself one process."""
+    active = re.findall(
+        r"\[rank(\d+)\]:.*LORO optimizer: exact \(Riemannian\) step every (\d+)", output
+    )
+    assert active == [("0", str(K))], active
+    exact = [(int(r), int(s), float(t), int(n)) for r, s, t, n in _EXACT_LINE.findall(output)]
+    assert [(r, s) for r, s, *_ in exact] == [(0, 3), (0, 6)], exact
+    # every block's 7 linears are factor pairs (4 blocks); the cost is measured, not 0
+    assert all(n == 28 and t > 0 for *_, t, n in exact), exact
+    assert "one process" not in output
 
 
 def test_bench_counts_the_exact_step_collectives(tmp_path):

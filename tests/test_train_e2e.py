@@ -36,6 +36,28 @@ MIN_LOSS_DROP = 1.5
 QUIET = ("--validation.no-enable", "--metrics.no-enable-tensorboard")
 
 
+# what every CPU run printed before boost_titan.log_filters (issue #28), each wrong or
+# irrelevant on these paths; "Warning:" is any Python warning, " - WARNING - " any of
+# torchtitan's logger warnings
+NOISE = (
+    "Warning:",
+    " - WARNING - ",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "may not have complete support on cpu device mesh",
+    "set_vital",
+    "Mixed precision training",
+    "Set timeout is now only supported",
+    "USDT:",
+    "profiler_start",
+    "Sleeping 2 seconds",
+)
+
+
+def assert_quiet(run: TrainRun) -> None:
+    noisy = [line for line in run.output.splitlines() if any(s in line for s in NOISE)]
+    assert not noisy, "\n".join(noisy[:20])
+
+
 def tb_scalars(run: TrainRun) -> dict[str, dict[int, float]]:
     """Every scalar of every TensorBoard event file of ``run``: tag -> step -> value."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -106,6 +128,15 @@ def test_default_run_is_reproducible(tp2_run, tmp_path):
         for step in (1, 2, 3, 4):
             assert again.loss[rank][step] == tp2_run.loss[rank][step], (rank, step)
             assert again.grad_norm[rank][step] == tp2_run.grad_norm[rank][step], (rank, step)
+    assert_quiet(again)
+
+
+def test_tp2_run_prints_no_warning(tp2_run):
+    """The default run's launch (run_train.sh, torchrun, both ranks logged): 20 steps
+    with validation, profiled steps and checkpoint saves print no warning, and none of
+    the lines boost_titan.log_filters drops."""
+    assert "profile step 10:" in tp2_run.output  # the profiler ran (its USDT lines)
+    assert_quiet(tp2_run)
 
 
 def test_tp2_metrics_logged_every_step(tp2_run):

@@ -9,8 +9,13 @@ from boost_titan.dryrun.trace import _parallel_dims, trace_role
 
 def quiet_warnings() -> None:
     """Warnings a dry run raises by design (parallelize plan keys of modules a
-    pipeline stage does not hold print the whole model; fake-backend notes)."""
+    pipeline stage does not hold print the whole model; fake-backend notes), and
+    torchtitan's note that the config's tokenizer is missing (none is read)."""
     import warnings
+
+    from boost_titan import log_filters
+
+    log_filters.install_for_dry_run()
 
     warnings.filterwarnings("ignore", message="Parallelize plan key")
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")

@@ -7,9 +7,11 @@ stage steps its own layers); any other name goes to torchtitan's builder.
 
 from __future__ import annotations
 
+import torch.distributed as dist
 import torch.nn as nn
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.components.optimizer import build_optimizers as build_torchtitan_optimizers
+from torchtitan.tools.logging import logger
 
 from boost_titan.optim.loro import LORO
 
@@ -25,6 +27,28 @@ class LOROContainer(OptimizersContainer):
         self._validate_length(len(model_parts))
         params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
         self._post_init(params, {k: loro_kwargs[k] for k in ("lr", "betas", "eps", "weight_decay")})
+        first = self.optimizers[0]
+        _log_rank0(
+            f"LORO optimizer: exact (Riemannian) step every {first.exact_every} steps, lazy "
+            f"factor steps in between; {sum(len(o.pairs) for o in self.optimizers)} factor "
+            f"pairs on this rank ({loro_kwargs['exact_dtype']} exact step)"
+        )
+
+    def step(self, *args, **kwargs) -> None:
+        super().step(*args, **kwargs)
+        done = [o.last_exact for o in self.optimizers if o.last_exact is not None]
+        if not done:
+            return
+        step = self.optimizers[0].loro_step
+        pairs, seconds = sum(n for n, _ in done), sum(t for _, t in done)
+        _log_rank0(f"LORO exact step at step {step}: {seconds:.2f} s ({pairs} factor pairs)")
+        for optimizer in self.optimizers:
+            optimizer.last_exact = None
+
+
+def _log_rank0(line: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        logger.info(line)
 
 
 def loro_kwargs(config) -> dict:

@@ -35,6 +35,7 @@ steps.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +123,7 @@ class LORO(torch.optim.Optimizer):
         self.restart_warmup = restart_warmup
         self.exact_dtype = EXACT_DTYPES[exact_dtype]
         self.spread = spread  # exact step: each pair's core SVD on one rank of its group
+        self.last_exact: tuple[int, float] | None = None  # (pairs, seconds) of the last one
         # states exist from the start: a checkpoint loads into them, and DCP never has
         # to run a dummy step to discover their shapes
         self._refresh(("regular", "factor"))
@@ -202,10 +204,13 @@ class LORO(torch.optim.Optimizer):
                 w.add_(d, alpha=-step_up * pair.lr_scaler)
                 if wd > 0:
                     w.add_(w, alpha=-step_up * wd)
+        started = time.perf_counter()
         for batch in self._batches(todo):
             self._exact(batch)
         if exact:
             self._refresh(self.refresh_kinds)
+            # what the exact step cost this rank (the container logs it)
+            self.last_exact = (len(todo), time.perf_counter() - started)
         return loss
 
     def _batches(self, todo: list) -> list[tuple[list[manifold.Group], list]]:
