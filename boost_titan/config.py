@@ -23,6 +23,16 @@ LATENT_CHECKPOINT_CHUNKS = {
 }
 LATENT_CHECKPOINT = tuple(LATENT_CHECKPOINT_CHUNKS)
 LATENT_CHECKPOINT_KEEP = ("attention", "none")
+# [parallelism] pipeline_parallel_schedule: torchtitan 0.2.2's schedules
+PP_SCHEDULES = (
+    "1F1B",
+    "GPipe",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
 NAN_POLICIES = ("stop", "skip")
 DATA_RESUME_MODES = ("exact", "reshard")
 OPTIMIZERS = ("Adam", "AdamW", "LORO")

@@ -21,18 +21,12 @@ import torch
 import torch.distributed as dist
 from launcher import spawn
 
+from boost_titan.config import PP_SCHEDULES
+
 PP = 2
 STEPS = 3  # step 1's loss precedes any update: steps 2-3 check two updates
 BATCH, SEQ = 4, 32
-SCHEDULES = (
-    "1F1B",
-    "GPipe",
-    "Interleaved1F1B",
-    "LoopedBFS",
-    "InterleavedZeroBubble",
-    "ZBVZeroBubble",
-    "DualPipeV",
-)
+SCHEDULES = PP_SCHEDULES  # every schedule torchtitan 0.2.2 offers
 SINGLE_STAGE = ("1F1B", "GPipe")  # one stage per rank; the others two
 FEATURES = {
     "grouped": (),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 
+from boost_titan.config import PP_SCHEDULES
 from boost_titan.config_check.common import ConfigError, ConfigPathError, _at_least, _ours, bad
 
 _DEGREES = (
@@ -15,15 +16,6 @@ _DEGREES = (
     "context_parallel_degree",
     "tensor_parallel_degree",
     "pipeline_parallel_degree",
-)
-_PP_SCHEDULES = (
-    "1F1B",
-    "GPipe",
-    "Interleaved1F1B",
-    "LoopedBFS",
-    "InterleavedZeroBubble",
-    "ZBVZeroBubble",
-    "DualPipeV",
 )
 
 
@@ -100,12 +92,12 @@ def _check_parallelism(config, world_size: int | None) -> dict[str, int]:
                     "does not exist",
                     ConfigPathError,
                 )
-        elif p.pipeline_parallel_schedule.lower() not in {s.lower() for s in _PP_SCHEDULES}:
+        elif p.pipeline_parallel_schedule.lower() not in {s.lower() for s in PP_SCHEDULES}:
             raise bad(
                 "parallelism",
                 "pipeline_parallel_schedule",
                 p.pipeline_parallel_schedule,
-                f"is not valid; choose one of {list(_PP_SCHEDULES)}",
+                f"is not valid; choose one of {list(PP_SCHEDULES)}",
             )
         _at_least(
             "parallelism",
