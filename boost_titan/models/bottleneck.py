@@ -113,8 +113,12 @@ class LatentComm:
         column-parallel on a replicated input, so its input gradient is a partial sum).
     ``reduce_down``: after the down-projections A (input d- or f-sharded under BTP, so
         the latent is a partial sum), with the RMSNorm statistics riding along.
-    ``enter_up``: before the up-projections B (column-parallel under BTP: the
-        backward all-reduce of the latent gradient lives here).
+    ``up_input`` / ``up_input_grad``: what the up-projections B consume, and the
+        mirror for its gradient (plain tensors, no autograd: both are called from
+        :class:`LatentUp`'s forward and backward). BTP: identity / the all-reduce of
+        the column-parallel B's partial input gradient; sequence-parallel BTP: an
+        all-gather over the sequence / a reduce-scatter. ``enter_up`` is the same
+        pair as an autograd op, for latents that are not recomputed (LaX).
     ``leave_up``: after an up-projection (vanilla TP's output all-reduce).
     ``normalize_input``: where the RMSNorm of a down-projection group's input is
         applied. Online-RMSNorm (default) leaves the input unscaled and its statistics
@@ -130,6 +134,7 @@ class LatentComm:
     """
 
     label = ""  # "<plan>/layer<i>", set by tp_plans.apply_tp_plan
+    keep_gathered = False  # LatentUp saves up_input's output instead of rebuilding it
 
     def scope(self, point: str):
         """A profiler range around a collective point; nothing when compiling (Dynamo
@@ -162,11 +167,30 @@ class LatentComm:
     def reduce_down(self, latent: torch.Tensor, stats: torch.Tensor | None):
         return latent, stats
 
-    def enter_up(self, latent: torch.Tensor) -> torch.Tensor:
+    def up_input(self, latent: torch.Tensor) -> torch.Tensor:
         return latent
+
+    def up_input_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+    def enter_up(self, latent: torch.Tensor) -> torch.Tensor:
+        return _UpInput.apply(latent, self)
 
     def leave_up(self, out: torch.Tensor) -> torch.Tensor:
         return out
+
+
+class _UpInput(torch.autograd.Function):
+    """``comm.up_input`` forward, ``comm.up_input_grad`` backward."""
+
+    @staticmethod
+    def forward(ctx, latent: torch.Tensor, comm: LatentComm) -> torch.Tensor:
+        ctx.comm = comm
+        return comm.up_input(latent)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.comm.up_input_grad(grad), None
 
 
 SINGLE_DEVICE = LatentComm()
@@ -287,4 +311,136 @@ def up_group(
             outs.extend(y.view(*lead, -1) for y in yb.unbind(0))
         i = j
     with leave:
+        return [comm.leave_up(o) for o in outs]
+
+
+def _equal_shape_runs(weights: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """[i, j) index runs of consecutive equally shaped B's: one batched GEMM each."""
+    runs, i = [], 0
+    while i < len(weights):
+        j = i + 1
+        while j < len(weights) and weights[j].shape == weights[i].shape:
+            j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
+def _scaled_act(latent: torch.Tensor, scale: torch.Tensor | None, act: str) -> torch.Tensor:
+    """B's input from a reduced latent: Online-RMSNorm's 1/rms, then the activation
+    (the ops of ``down_finish`` + ``Bottleneck.activate``, in the same order)."""
+    if scale is not None:
+        latent = (latent.float() * scale).type_as(latent)
+    return F.silu(latent) if act == "silu" else latent
+
+
+class LatentUp(torch.autograd.Function):
+    """``B act(latent / rms)`` for a group of B's, keeping one copy of the latent.
+
+    Through plain autograd a reduced latent is saved up to four times: in fp32 by the
+    1/rms scale, as the activation's input, as the activated latent each B's GEMM keeps
+    for its weight gradient (stacked, for a batched GEMM). Here only the reduced latent
+    (and the per-token scale) is saved; backward rebuilds the B input with the same
+    elementwise ops and ``comm.up_input`` (sequence-parallel BTP: the all-gather again,
+    Megatron-SP's trade; ``comm.keep_gathered`` saves the gathered latent instead) and
+    runs each op's derivative as autograd would (same kernels, same layouts: gradients
+    equal plain autograd's bitwise, ``tests/test_btp.py``). Every op is a plain
+    aten op, so Dynamo traces forward and backward.
+
+    Forward: ``z = up_input(act(latent * scale))``, then per run of equally shaped B's
+    one batched GEMM (a lone B: one GEMM); outputs are per B. Backward: the B input
+    gradient goes through ``comm.up_input_grad`` (BTP: the all-reduce of the
+    column-parallel B's partial sums; SP: a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, latent, scale, act: str, comm: LatentComm, *weights):
+        z = comm.up_input(_scaled_act(latent, scale, act))
+        widths = [w.shape[1] for w in weights]
+        zs = z.split(widths, -1)
+        lead = z.shape[:-1]
+        outs = []
+        for i, j in _equal_shape_runs(list(weights)):
+            if j - i == 1:
+                outs.append(F.linear(zs[i], weights[i]))
+                continue
+            zb = torch.stack([t.reshape(-1, t.shape[-1]) for t in zs[i:j]])  # [n, N, r]
+            yb = torch.bmm(zb, torch.stack(weights[i:j]).transpose(1, 2))
+            outs.extend(y.view(*lead, -1) for y in yb.unbind(0))
+        ctx.act, ctx.comm, ctx.widths = act, comm, widths
+        ctx.has_scale = scale is not None
+        kept = z if comm.keep_gathered else latent
+        ctx.save_for_backward(kept, latent, scale if scale is not None else latent, *weights)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        kept, latent, scale, *weights = ctx.saved_tensors
+        scale = scale if ctx.has_scale else None
+        scaled = latent if scale is None else (latent.float() * scale).type_as(latent)
+        if ctx.comm.keep_gathered:
+            z = kept
+        else:
+            z = ctx.comm.up_input(F.silu(scaled) if ctx.act == "silu" else scaled)
+        zs = z.split(ctx.widths, -1)
+        dzs: list[torch.Tensor] = [None] * len(weights)  # type: ignore[list-item]
+        dws: list[torch.Tensor] = [None] * len(weights)  # type: ignore[list-item]
+        for i, j in _equal_shape_runs(weights):
+            dys = [
+                torch.zeros(*z.shape[:-1], weights[k].shape[0], dtype=z.dtype, device=z.device)
+                if grads[k] is None
+                else grads[k]
+                for k in range(i, j)
+            ]
+            if j - i == 1:
+                # mm's derivatives for a column-major weight (F.linear's W^T)
+                dy = dys[0].reshape(-1, dys[0].shape[-1])
+                zi = zs[i].reshape(-1, zs[i].shape[-1])
+                dzs[i] = dy.mm(weights[i]).view(zs[i].shape)
+                dws[i] = dy.t().mm(zi)
+                continue
+            zb = torch.stack([t.reshape(-1, t.shape[-1]) for t in zs[i:j]])
+            dyb = torch.stack([d.reshape(-1, d.shape[-1]) for d in dys])
+            wb = torch.stack(weights[i:j])
+            dzb = dyb.bmm(wb)
+            # bmm's derivative for mat2 = wb^T, then contiguous (see _ContiguousGrad)
+            dwb = zb.transpose(1, 2).bmm(dyb).transpose(1, 2).contiguous()
+            for k in range(i, j):
+                dzs[k] = dzb[k - i].view(zs[k].shape)
+                dws[k] = dwb[k - i]
+        dz = ctx.comm.up_input_grad(torch.cat(dzs, -1) if len(dzs) > 1 else dzs[0])
+        # the elementwise chain's derivatives, each as autograd computes it
+        if ctx.act == "silu":
+            dz = torch.ops.aten.silu_backward(dz, scaled)
+        if scale is None:
+            return (dz, None, None, None, *dws)
+        g = dz.float()  # through type_as
+        d_latent = (g * scale).to(latent.dtype)
+        d_scale = (g * latent.float()).sum(-1, keepdim=True)
+        return (d_latent, d_scale, None, None, *dws)
+
+
+def latent_up(
+    reduced: list[torch.Tensor],
+    stats: torch.Tensor | None,
+    projs: list[Bottleneck],
+    comm: LatentComm,
+    norm=None,
+    dim: int = 0,
+    group: str = "",
+) -> list[torch.Tensor]:
+    """The B's of ``projs`` on their reduced latents (one per B, or one grouped
+    latent for all), through :class:`LatentUp`: Online-RMSNorm's scale (``stats``
+    pending), the activation and the B GEMMs, one saved copy of each latent."""
+    scale = None if stats is None else torch.rsqrt(stats / dim + norm.eps)
+    pairs = (
+        [([latent], [p]) for latent, p in zip(reduced, projs)]
+        if len(reduced) == len(projs)
+        else [(reduced, projs)]
+    )
+    outs: list[torch.Tensor] = []
+    for (latent,), ps in pairs:
+        with comm.scope(f"enter_up_{group}"):
+            weights = [local(p.up.weight) for p in ps]
+            outs.extend(LatentUp.apply(latent, scale, ps[0].act, comm, *weights))
+    with comm.scope(f"leave_up_{group}"):
         return [comm.leave_up(o) for o in outs]

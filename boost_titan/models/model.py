@@ -36,6 +36,7 @@ from .bottleneck import (
     down_finish,
     down_partial,
     down_reduce,
+    latent_up,
     up_group,
 )
 
@@ -174,8 +175,7 @@ class LowRankBlock(nn.Module):
         z_d, _ = down_reduce(parts, None, comm, "down")
         # B_down -> residual stays outside: it would keep the d/T residual h instead
         # of the r-wide latent
-        (z_d,), carry_d = self._latents([f.w2], z_d, None, None, prev[6:7])
-        (ffn_out,) = up_group([z_d], [f.w2], comm, self.grouped, "down")
+        (ffn_out,), carry_d = self._up([f.w2], z_d, None, None, prev[6:7], "down")
         out = h + ffn_out
 
         if self.lax:
@@ -193,16 +193,14 @@ class LowRankBlock(nn.Module):
     def _attention(self, freqs_cis, positions, stats, prevs, *z_qkv):
         a = self.attention
         qkv = [a.wq, a.wk, a.wv]
-        z_qkv, carry = self._latents(qkv, list(z_qkv), stats, self.attention_norm, prevs)
-        q, k, v = up_group(z_qkv, qkv, self.comm, self.grouped, "qkv")
+        (q, k, v), carry = self._up(qkv, list(z_qkv), stats, self.attention_norm, prevs, "qkv")
         o = a.attend(q, k, v, freqs_cis, positions)
         parts, _ = down_partial(o, [a.wo], self.comm, self.grouped, group="o")
         return parts, carry
 
     def _ffn_entry(self, x, prevs, *z_o):
         a, f = self.attention, self.feed_forward
-        z_o, carry = self._latents([a.wo], list(z_o), None, None, prevs)
-        (attn_out,) = up_group(z_o, [a.wo], self.comm, self.grouped, "o")
+        (attn_out,), carry = self._up([a.wo], list(z_o), None, None, prevs, "o")
         h = x + attn_out
         parts, stats = down_partial(
             h, [f.w1, f.w3], self.comm, self.grouped, self.ffn_norm, self.dim, "gate_up"
@@ -211,21 +209,29 @@ class LowRankBlock(nn.Module):
 
     def _mlp(self, stats, prevs, *z_gu):
         f = self.feed_forward
-        z_gu, carry = self._latents([f.w1, f.w3], list(z_gu), stats, self.ffn_norm, prevs)
-        gate, up = up_group(z_gu, [f.w1, f.w3], self.comm, self.grouped, "gate_up")
+        (gate, up), carry = self._up(
+            [f.w1, f.w3], list(z_gu), stats, self.ffn_norm, prevs, "gate_up"
+        )
         mid = (F.silu(gate) if self.swiglu else gate) * up
         parts, _ = down_partial(mid, [f.w2], self.comm, self.grouped, group="down")
         return parts, carry
 
-    def _latents(self, projs, reduced, stats, norm, prevs):
-        """Reduced latents -> (latents for the B's, latents carried to the next block):
-        the norm's 1/rms scale, then act (LaX: after crossing with ``prevs``). LaX
+    def _up(self, projs, reduced, stats, norm, prevs, group):
+        """Reduced latents -> (the B's outputs, latents carried to the next block): the
+        norm's 1/rms scale, the activation, the B's. Without LaX one fused op keeps a
+        single copy of each latent (``latent_up``); LaX's crossing (a gate GEMM and a
+        LayerNorm with the previous block's latent) runs through plain autograd."""
+        if not self.lax:
+            return latent_up(reduced, stats, projs, self.comm, norm, self.dim, group), []
+        z, carry = self._lax_latents(projs, reduced, stats, norm, prevs)
+        return up_group(z, projs, self.comm, self.grouped, group), carry
+
+    def _lax_latents(self, projs, reduced, stats, norm, prevs):
+        """LaX: reduced latents -> (latents for the B's, latents carried to the next
+        block): the norm's 1/rms scale, the crossing with ``prevs``, act. The crossing
         needs whole latents: a plan that splits r (vanilla) gathers them here and
         gives the B's back their slices; only then is this not collective-free."""
         latents = down_finish(reduced, stats, projs, norm, self.dim)
-        if not self.lax:
-            z = [p.activate(l, None) for p, l in zip(projs, latents)]
-            return z, z
         carry = []
         for p, latent, prev in zip(projs, latents, prevs):
             with self.comm.scope("lax_full_latent"):

@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 
 from boost_titan.models.bottleneck import LatentComm, rms_normalize
 
-from .collectives import all_reduce, all_reduce_grad
+from .collectives import all_reduce, all_reduce_grad, raw_all_reduce
 from .styles import LowRankBlockParallel, ReplicatedModule, ShardParameters
 
 # sign, exponent and the top 7 mantissa bits of an fp32: exactly a bfloat16
@@ -94,9 +94,9 @@ class BTPComm(LatentComm):
         pair = torch.cat([hi, lo], -1)  # [..., 2]
         return (slot.view(T, 1) * pair.unsqueeze(-2)).flatten(-2)  # [..., 2T]
 
-    def enter_up(self, latent: torch.Tensor) -> torch.Tensor:
+    def up_input_grad(self, grad: torch.Tensor) -> torch.Tensor:
         # column-parallel B: its input gradient is a partial sum
-        return all_reduce_grad(latent, self.mesh)
+        return raw_all_reduce(grad, self.mesh)
 
 
 class BTPSyncNormComm(BTPComm):

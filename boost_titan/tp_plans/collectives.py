@@ -1,9 +1,12 @@
-"""The autograd-aware collectives every plan is built from (DTensor redistributions
-on local tensors, so CommDebugMode / CommCounter see them)."""
+"""The collectives every plan is built from. Autograd-aware ones are DTensor
+redistributions on local tensors; the ``raw_*`` ones are plain functional collectives
+for custom autograd functions' forward and backward (``LatentUp``). CommDebugMode /
+CommCounter see both."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -44,3 +47,21 @@ def shard_last(full: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         .redistribute(mesh, [Shard(-1)])
         .to_local()
     )
+
+
+def _waited(t: torch.Tensor) -> torch.Tensor:
+    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
+def raw_all_reduce(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return _waited(funcol.all_reduce(t, "sum", mesh))
+
+
+def raw_all_gather(shard: torch.Tensor, dim: int, mesh: DeviceMesh) -> torch.Tensor:
+    """The ranks' ``dim`` shards concatenated in rank order."""
+    return _waited(funcol.all_gather_tensor(shard.contiguous(), dim, mesh))
+
+
+def raw_reduce_scatter(t: torch.Tensor, dim: int, mesh: DeviceMesh) -> torch.Tensor:
+    """The sum over ranks, this rank's ``dim`` shard of it."""
+    return _waited(funcol.reduce_scatter_tensor(t.contiguous(), "sum", dim, mesh))
