@@ -51,6 +51,19 @@ class Boost:
     """BTP only. "online": RMSNorm statistics ride in the next latent all-reduce;
     "sync": a separate all-reduce of the statistics (ablation)."""
 
+    sequence_parallel: bool = False
+    """BTP only: shard every [b, s, r] latent on the sequence between its A and its B
+    (reduce-scatter after A instead of the all-reduce, all-gather before B), so each
+    rank keeps 1/T of each latent's activations. Same forward volume; backward adds
+    one all-gather per latent to rebuild B's input for its weight gradient (see
+    sequence_parallel_keep_gathered). Needs rmsnorm = "online", seq_len divisible by
+    the TP degree; not LaX (its latents cross blocks whole)."""
+
+    sequence_parallel_keep_gathered: bool = False
+    """With sequence_parallel: save each gathered [b, s, r] latent for B's weight
+    gradient instead of all-gathering it again in backward (more memory, no extra
+    collective)."""
+
     group_linears: bool = True
     """Concatenate A_q|A_k|A_v and A_gate|A_up into one GEMM (one all-reduce under
     BTP) and run B_q,B_k,B_v / B_gate,B_up as batched GEMMs."""

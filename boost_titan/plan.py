@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # importing the model imports torchtitan: main() activates CP
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PLANS = ("fullrank", *reversed(LOW_RANK_TP_PLANS))  # baselines first, then BTP
+# baselines first, then BTP; btp_sp: BTP with [boost] sequence_parallel = true
+PLANS = ("fullrank", *reversed(LOW_RANK_TP_PLANS), "btp_sp")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Collective:
     op: str  # all_reduce | all_gather | reduce_scatter
     numel: int  # full logical tensor: reduced / gathered output / scattered input
     what: str
+    elem_bytes: int = 0  # 0: the run's dtype
 
     @property
     def volume(self) -> float:
@@ -193,7 +195,43 @@ def block_collectives(
                 + sync_b
             )
         return fwd, bwd
+    if plan == "btp_sp":
+        return _btp_sequence_parallel_collectives(r, tp, t, grouped, dtype)
     raise ValueError(f"unknown plan {plan!r}; valid: {list(PLANS)}")
+
+
+def _btp_sequence_parallel_collectives(r: dict, tp: int, t: int, grouped: bool, dtype: str):
+    """BTP with sequence-parallel latents (``BTPSequenceComm``): per latent group a
+    reduce-scatter after A (with the statistics columns) and an all-gather before B;
+    backward per group the B input rebuilt (all-gather), its gradient reduce-scattered,
+    the A output's gradient all-gathered (16-bit: the fp32 statistic's gradient too)."""
+    s = 1 if dtype == "float32" else 2 * tp
+    if grouped:
+        groups = [("A_q|A_k|A_v", ["wq", "wk", "wv"], True), ("A_o", ["wo"], False)]
+        groups += [("A_gate|A_up", ["w1", "w3"], True), ("A_down", ["w2"], False)]
+    else:
+        groups = [("A_q", ["wq"], True), ("A_k", ["wk"], False), ("A_v", ["wv"], False)]
+        groups += [("A_o", ["wo"], False), ("A_gate", ["w1"], True), ("A_up", ["w3"], False)]
+        groups += [("A_down", ["w2"], False)]
+    fwd, bwd = [], []
+    for label, members, stats in groups:
+        width = sum(r[n] for n in members)
+        fused = width + (s if stats else 0)
+        fwd += [
+            Collective("reduce_scatter", t * fused, f"{label}{' (+ stats)' if stats else ''}"),
+            Collective("all_gather", t * width, f"{label} latent -> B"),
+        ]
+    for label, members, stats in reversed(groups):
+        width = sum(r[n] for n in members)
+        fused = width + (s if stats else 0)
+        bwd += [
+            Collective("all_gather", t * width, f"{label} latent regathered for B's weight grad"),
+            Collective("reduce_scatter", t * width, f"{label} latent grad (B input)"),
+            Collective("all_gather", t * fused, f"{label} partial latent grad"),
+        ]
+        if stats and dtype != "float32":
+            bwd.append(Collective("all_gather", t, "norm statistics grad (fp32)", elem_bytes=4))
+    return fwd, bwd
 
 
 def block_gemms(args: LlamaArgs, plan: str, tp: int, tokens: int) -> list[Gemm]:
@@ -213,6 +251,16 @@ def block_gemms(args: LlamaArgs, plan: str, tp: int, tokens: int) -> list[Gemm]:
     return out
 
 
+def _sequence_parallel_applies(args: LlamaArgs, tp: int, seq: int, norm: str) -> tuple[bool, str]:
+    if args.arch == "lax":
+        return False, "sequence-parallel latents do not support LaX"
+    if norm != "online":
+        return False, "sequence-parallel latents need rmsnorm = 'online'"
+    if seq % tp:
+        return False, f"seq {seq} is not divisible by TP {tp}"
+    return True, ""
+
+
 def _params_per_rank(args: LlamaArgs, plan: str, tp: int) -> int:
     from boost_titan.models.args import kron_factors
 
@@ -222,7 +270,7 @@ def _params_per_rank(args: LlamaArgs, plan: str, tp: int) -> int:
         block = sum(i * o for i, o, _ in shapes.values()) // tp + 2 * d
     else:
         block = sum(r * (i + o) for i, o, r in shapes.values()) // tp
-        block += 2 * d // tp if plan == "btp" else 2 * d
+        block += 2 * d // tp if plan in ("btp", "btp_sp") else 2 * d
         if args.arch == "lax":
             gate = lambda r: (
                 r * r if args.lax_gate == "dense" else sum(x * x for x in kron_factors(r))
@@ -261,6 +309,8 @@ def analyse(
             validate_tp_degree(a, tp, plan)
         except ValueError as e:
             rep.valid, rep.why_invalid = False, str(e)
+        if plan == "btp_sp" and rep.valid:
+            rep.valid, rep.why_invalid = _sequence_parallel_applies(args, tp, seq, norm)
         rep.forward, rep.backward = block_collectives(a, plan, tp, tokens, grouped, norm, dtype)
         rep.gemms = block_gemms(a, plan, tp, tokens)
         rep.params_per_rank = _params_per_rank(a, plan, tp)
@@ -283,7 +333,7 @@ def analyse(
             reports[p].memory = m
 
     def vol(cs):
-        return sum(c.volume for c in cs) * nbytes
+        return sum(c.volume * (c.elem_bytes or nbytes) for c in cs)
 
     out = {
         "model": {

@@ -120,6 +120,7 @@ def _check_model(config, deg: dict[str, int] | None) -> None:
                 f"[parallelism] {e}; with {what}: valid degrees "
                 f"{[d for d in _divisors(64) if _tp_ok(model_args, d, plan)]}"
             ) from None
+    _check_sequence_parallel(config, model_args, plan, tp)
     _check_latent_checkpoint(config, model_args, plan if tp > 1 else None)
     check_pipeline_config(config, model_args.n_layers)
 
@@ -163,6 +164,36 @@ def _updated_args(args, config):
     finally:
         args_mod._check_tokenizer_vocab = saved
     return model_args
+
+
+def _check_sequence_parallel(config, model_args, plan: str, tp: int) -> None:
+    b = config.boost
+    if b.sequence_parallel_keep_gathered and not b.sequence_parallel:
+        raise bad(
+            "boost",
+            "sequence_parallel_keep_gathered",
+            True,
+            "needs sequence_parallel = true (it says what sequence-parallel latents save)",
+        )
+    if not b.sequence_parallel:
+        return
+    problems = []
+    if plan != "btp":
+        problems.append(
+            f"tp_plan {plan!r}: sequence-parallel latents are a btp option (the fullrank "
+            "plan already shards its norms and residual on the sequence)"
+        )
+    if tp < 2:
+        problems.append("tensor_parallel_degree is 1 (there is nothing to shard on)")
+    if model_args.arch == "lax":
+        problems.append(
+            "LaX carries whole latents across blocks next to the d/T residual; "
+            "use it with svd_llama2 or cola_llama2"
+        )
+    if b.rmsnorm != "online":
+        problems.append("rmsnorm = 'sync' normalises before the reduction; use 'online'")
+    if problems:
+        raise bad("boost", "sequence_parallel", True, "cannot be used: " + "; ".join(problems))
 
 
 def _check_latent_checkpoint(config, model_args, plan: str | None) -> None:

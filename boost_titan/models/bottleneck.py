@@ -367,6 +367,9 @@ class LatentUp(torch.autograd.Function):
             yb = torch.bmm(zb, torch.stack(weights[i:j]).transpose(1, 2))
             outs.extend(y.view(*lead, -1) for y in yb.unbind(0))
         ctx.act, ctx.comm, ctx.widths = act, comm, widths
+        # backward runs the GEMMs under forward's autocast (as torch.amp.custom_bwd)
+        device = latent.device.type
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         ctx.has_scale = scale is not None
         kept = z if comm.keep_gathered else latent
         ctx.save_for_backward(kept, latent, scale if scale is not None else latent, *weights)
@@ -374,6 +377,12 @@ class LatentUp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        device, dtype, enabled = ctx.autocast
+        with torch.autocast(device_type=device, dtype=dtype, enabled=enabled):
+            return LatentUp._backward(ctx, *grads)
+
+    @staticmethod
+    def _backward(ctx, *grads):
         kept, latent, scale, *weights = ctx.saved_tensors
         scale = scale if ctx.has_scale else None
         scaled = latent if scale is None else (latent.float() * scale).type_as(latent)
@@ -385,25 +394,20 @@ class LatentUp(torch.autograd.Function):
         dzs: list[torch.Tensor] = [None] * len(weights)  # type: ignore[list-item]
         dws: list[torch.Tensor] = [None] * len(weights)  # type: ignore[list-item]
         for i, j in _equal_shape_runs(weights):
-            dys = [
-                torch.zeros(*z.shape[:-1], weights[k].shape[0], dtype=z.dtype, device=z.device)
-                if grads[k] is None
-                else grads[k]
-                for k in range(i, j)
-            ]
+            dys = grads[i:j]  # autograd materialises unused outputs' gradients as zeros
             if j - i == 1:
                 # mm's derivatives for a column-major weight (F.linear's W^T)
                 dy = dys[0].reshape(-1, dys[0].shape[-1])
                 zi = zs[i].reshape(-1, zs[i].shape[-1])
                 dzs[i] = dy.mm(weights[i]).view(zs[i].shape)
-                dws[i] = dy.t().mm(zi)
+                dws[i] = dy.t().mm(zi).to(weights[i].dtype)
                 continue
             zb = torch.stack([t.reshape(-1, t.shape[-1]) for t in zs[i:j]])
             dyb = torch.stack([d.reshape(-1, d.shape[-1]) for d in dys])
             wb = torch.stack(weights[i:j])
             dzb = dyb.bmm(wb)
             # bmm's derivative for mat2 = wb^T, then contiguous (see _ContiguousGrad)
-            dwb = zb.transpose(1, 2).bmm(dyb).transpose(1, 2).contiguous()
+            dwb = zb.transpose(1, 2).bmm(dyb).to(wb.dtype).transpose(1, 2).contiguous()
             for k in range(i, j):
                 dzs[k] = dzb[k - i].view(zs[k].shape)
                 dws[k] = dwb[k - i]

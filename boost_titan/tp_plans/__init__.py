@@ -71,7 +71,15 @@ def apply_tp_plan(
     elif plan == "btp":
         from .btp import apply_btp
 
-        apply_btp(model, tp_mesh, loss_parallel, norm_mode=job_config.boost.rmsnorm)
+        b = job_config.boost
+        apply_btp(
+            model,
+            tp_mesh,
+            loss_parallel,
+            norm_mode=b.rmsnorm,
+            sequence_parallel=getattr(b, "sequence_parallel", False),
+            keep_gathered=getattr(b, "sequence_parallel_keep_gathered", False),
+        )
     elif plan == "vanilla":
         from .vanilla import apply_vanilla
 

@@ -32,7 +32,15 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 
 from boost_titan.models.bottleneck import LatentComm, rms_normalize
 
-from .collectives import all_reduce, all_reduce_grad, raw_all_reduce
+from .collectives import (
+    all_reduce,
+    all_reduce_grad,
+    raw_all_gather,
+    raw_all_reduce,
+    raw_reduce_scatter,
+    reduce_scatter,
+    shard,
+)
 from .styles import LowRankBlockParallel, ReplicatedModule, ShardParameters
 
 # sign, exponent and the top 7 mantissa bits of an fp32: exactly a bfloat16
@@ -111,15 +119,98 @@ class BTPSyncNormComm(BTPComm):
         return rms_normalize(x, total, eps, dim), None
 
 
+class BTPSequenceComm(BTPComm):
+    """``[boost] sequence_parallel``: every latent is sharded on the sequence between
+    its A and its B, so each rank keeps (and scales, activates) [b, s/T, r] of it.
+
+        point                      forward                  backward
+        after A (+ stats columns)  reduce-scatter over s    all-gather over s
+        before B                   all-gather over s        reduce-scatter over s
+        B's weight gradient        -                        all-gather again (regather)
+
+    Forward volume equals BTP's all-reduce (a reduce-scatter plus an all-gather);
+    backward adds the regather, unless ``keep_gathered`` saves the gathered latent
+    (one [b, s, r] copy per latent instead of [b, s/T, r]). The Online-RMSNorm
+    statistics are per token: after the reduce-scatter each rank holds the exact
+    totals of its own tokens. Needs s % T == 0."""
+
+    SEQ = 1  # latents are [b, s, r]
+
+    def __init__(self, mesh: DeviceMesh, keep_gathered: bool = False):
+        super().__init__(mesh)
+        self.keep_gathered = keep_gathered
+
+    def reduce_down(self, latent: torch.Tensor, stats: torch.Tensor | None):
+        T, seq = self.mesh.size(), latent.shape[self.SEQ]
+        if seq % T:
+            raise ValueError(
+                f"[boost] sequence_parallel: sequence length {seq} is not divisible by "
+                f"the tensor-parallel degree {T}; use a seq_len that is"
+            )
+        if stats is None:
+            return reduce_scatter(latent, self.SEQ, self.mesh), None
+        r = latent.shape[-1]
+        if latent.dtype == torch.float32:
+            # the statistic is the last column: its gradient rides back in the
+            # latent gradient's all-gather
+            fused = reduce_scatter(torch.cat([latent, stats], -1), self.SEQ, self.mesh)
+            return fused[..., :r], fused[..., r:]
+        columns = self._exact_16bit_columns(stats, latent.dtype)
+        fused = reduce_scatter(torch.cat([latent, columns], -1), self.SEQ, self.mesh)
+        total = fused[..., r:].float().sum(-1, keepdim=True)
+        # value: the exact total of this rank's tokens; gradient: to the fp32
+        # statistics of every token (an fp32 all-gather of [b, s/T, 1] backward), not
+        # through the 16-bit columns
+        own = shard(stats, self.SEQ, self.mesh)
+        return fused[..., :r], total.detach() + (own - own.detach())
+
+    def up_input(self, latent: torch.Tensor) -> torch.Tensor:
+        return raw_all_gather(latent, self.SEQ, self.mesh)
+
+    def up_input_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        # column-parallel B's partial input gradient: summed and re-sharded on s
+        return raw_reduce_scatter(grad, self.SEQ, self.mesh)
+
+
 COMM_FOR_NORM = {"online": BTPComm, "sync": BTPSyncNormComm}
+
+SEQUENCE_PARALLEL_LAX = (
+    "[boost] sequence_parallel = true does not support LaX models yet: LaX carries "
+    "every block's whole latents to the next block next to the d/T residual, so "
+    "they cannot be sequence shards; use sequence_parallel = false for lax_llama2 "
+    "(svd_llama2 and cola_llama2 support it)"
+)
 
 _BOTTLENECK_BTP = ShardParameters({"down.weight": Shard(1), "up.weight": Shard(0)})
 _NORM_SHARDED = ShardParameters({"weight": Shard(0)})
 
 
+def btp_comm(norm_mode: str, sequence_parallel: bool, keep_gathered: bool):
+    """The block collectives for these options (a ``LatentComm`` factory)."""
+    if not sequence_parallel:
+        if keep_gathered:
+            raise ValueError(
+                "[boost] sequence_parallel_keep_gathered = true needs sequence_parallel = true"
+            )
+        return COMM_FOR_NORM[norm_mode]
+    if norm_mode != "online":
+        raise ValueError(
+            f"[boost] sequence_parallel = true needs rmsnorm = 'online' (got {norm_mode!r}): "
+            "the 'sync' ablation normalises before the reduction"
+        )
+    return lambda mesh: BTPSequenceComm(mesh, keep_gathered)
+
+
 def apply_btp(
-    model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool, norm_mode: str = "online"
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    loss_parallel: bool,
+    norm_mode: str = "online",
+    sequence_parallel: bool = False,
+    keep_gathered: bool = False,
 ) -> None:
+    if sequence_parallel and model.model_args.arch == "lax":
+        raise ValueError(SEQUENCE_PARALLEL_LAX)
     parallelize_module(
         model,
         tp_mesh,
@@ -127,7 +218,9 @@ def apply_btp(
             # weight [vocab, d] sharded on d: each rank embeds straight into its d/T slice
             "tok_embeddings": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
             "layers.*": LowRankBlockParallel(
-                norms=_NORM_SHARDED, bottlenecks=_BOTTLENECK_BTP, comm=COMM_FOR_NORM[norm_mode]
+                norms=_NORM_SHARDED,
+                bottlenecks=_BOTTLENECK_BTP,
+                comm=btp_comm(norm_mode, sequence_parallel, keep_gathered),
             ),
             "norm": ReplicatedModule(input_layout=Shard(-1)),
             "output": ColwiseParallel(

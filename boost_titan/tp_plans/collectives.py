@@ -21,6 +21,24 @@ def all_reduce(partial: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     )
 
 
+def reduce_scatter(partial: torch.Tensor, dim: int, mesh: DeviceMesh) -> torch.Tensor:
+    """Sum a per-rank partial tensor, keep this rank's ``dim`` shard: Partial ->
+    Shard(dim), one reduce-scatter; backward all-gathers the shards' gradients."""
+    return (
+        DTensor.from_local(partial, mesh, [Partial()]).redistribute(mesh, [Shard(dim)]).to_local()
+    )
+
+
+def shard(full: torch.Tensor, dim: int, mesh: DeviceMesh) -> torch.Tensor:
+    """This rank's ``dim`` slice of a tensor (no collective); backward all-gathers the
+    slices' gradients into one gradient for the whole tensor."""
+    return (
+        DTensor.from_local(full, mesh, [Replicate()], run_check=False)
+        .redistribute(mesh, [Shard(dim)])
+        .to_local()
+    )
+
+
 def all_reduce_grad(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """Identity forward; all-reduce of the gradient backward (Megatron's "f"): for a
     replicated tensor consumed by a sharded GEMM, whose input gradient is partial."""
@@ -59,9 +77,9 @@ def raw_all_reduce(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 
 def raw_all_gather(shard: torch.Tensor, dim: int, mesh: DeviceMesh) -> torch.Tensor:
     """The ranks' ``dim`` shards concatenated in rank order."""
-    return _waited(funcol.all_gather_tensor(shard.contiguous(), dim, mesh))
+    return _waited(funcol.all_gather_single(shard.contiguous(), dim, mesh))
 
 
 def raw_reduce_scatter(t: torch.Tensor, dim: int, mesh: DeviceMesh) -> torch.Tensor:
     """The sum over ranks, this rank's ``dim`` shard of it."""
-    return _waited(funcol.reduce_scatter_tensor(t.contiguous(), "sum", dim, mesh))
+    return _waited(funcol.reduce_scatter_single(t.contiguous(), "sum", dim, mesh))
