@@ -206,31 +206,39 @@ def _btp_sequence_parallel_collectives(r: dict, tp: int, t: int, grouped: bool, 
     backward per group the B input rebuilt (all-gather), its gradient reduce-scattered,
     the A output's gradient all-gathered (16-bit: the fp32 statistic's gradient too)."""
     s = 1 if dtype == "float32" else 2 * tp
-    if grouped:
-        groups = [("A_q|A_k|A_v", ["wq", "wk", "wv"], True), ("A_o", ["wo"], False)]
-        groups += [("A_gate|A_up", ["w1", "w3"], True), ("A_down", ["w2"], False)]
-    else:
-        groups = [("A_q", ["wq"], True), ("A_k", ["wk"], False), ("A_v", ["wv"], False)]
-        groups += [("A_o", ["wo"], False), ("A_gate", ["w1"], True), ("A_up", ["w3"], False)]
-        groups += [("A_down", ["w2"], False)]
+    chunks = [("q", "k", "v"), ("o",), ("gate", "up"), ("down",)]
+    name = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w1", "up": "w3", "down": "w2"}
     fwd, bwd = [], []
-    for label, members, stats in groups:
-        width = sum(r[n] for n in members)
-        fused = width + (s if stats else 0)
+    for chunk in chunks:
+        # the A's of a chunk share its input: one latent each, or one for all (grouped);
+        # the first carries the norm's statistics (q|k|v and gate|up)
+        latents = [chunk] if grouped else [(a,) for a in chunk]
+        stats = [len(chunk) > 1 and i == 0 for i in range(len(latents))]
+        widths = [sum(r[name[a]] for a in latent) for latent in latents]
+        labels = ["A_" + "|A_".join(latent) for latent in latents]
         fwd += [
-            Collective("reduce_scatter", t * fused, f"{label}{' (+ stats)' if stats else ''}"),
-            Collective("all_gather", t * width, f"{label} latent -> B"),
+            Collective("reduce_scatter", t * (w + (s if st else 0)), f"{lb}{' (+ stats)' * st}")
+            for w, st, lb in zip(widths, stats, labels)
         ]
-    for label, members, stats in reversed(groups):
-        width = sum(r[n] for n in members)
-        fused = width + (s if stats else 0)
-        bwd += [
-            Collective("all_gather", t * width, f"{label} latent regathered for B's weight grad"),
-            Collective("reduce_scatter", t * width, f"{label} latent grad (B input)"),
-            Collective("all_gather", t * fused, f"{label} partial latent grad"),
+        fwd += [
+            Collective("all_gather", t * w, f"{lb} latent -> B") for w, lb in zip(widths, labels)
         ]
-        if stats and dtype != "float32":
-            bwd.append(Collective("all_gather", t, "norm statistics grad (fp32)", elem_bytes=4))
+    for chunk in reversed(chunks):
+        latents = [chunk] if grouped else [(a,) for a in chunk]
+        stats = [len(chunk) > 1 and i == 0 for i in range(len(latents))]
+        widths = [sum(r[name[a]] for a in latent) for latent in latents]
+        labels = ["A_" + "|A_".join(latent) for latent in latents]
+        for w, lb in reversed(list(zip(widths, labels))):
+            bwd += [
+                Collective("all_gather", t * w, f"{lb} latent regathered for B's weight grad"),
+                Collective("reduce_scatter", t * w, f"{lb} latent grad (B input)"),
+            ]
+        for w, st, lb in reversed(list(zip(widths, stats, labels))):
+            if st and dtype != "float32":  # autograd reaches the statistic's slice first
+                bwd.append(Collective("all_gather", t, "norm statistics grad (fp32)", elem_bytes=4))
+            bwd.append(
+                Collective("all_gather", t * (w + (s if st else 0)), f"{lb} partial latent grad")
+            )
     return fwd, bwd
 
 

@@ -258,3 +258,144 @@ def test_bad_degree_fails_before_any_weight_is_allocated():
             apply_tp_plan("btp", model, mesh, loss_parallel=True, job_config=_Cfg)
     assert all(p.is_meta for p in model.parameters())
     assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- one copy per latent
+def _saved_storages(fn) -> dict:
+    """{storage data_ptr: bytes} of what autograd saves while ``fn`` runs."""
+    kept = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        kept[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("act", ["silu", "none"])
+def test_latent_up_equals_plain_autograd_bitwise_and_saves_one_copy(dtype, grouped, act):
+    """``latent_up`` (LatentUp) against the plain-autograd path it replaces
+    (``down_finish`` -> ``activate`` -> ``up_group``): outputs and every gradient
+    bitwise equal; saved: the reduced latent(s) and the 1/rms scale only."""
+    from boost_titan.models.bottleneck import latent_up, up_group
+
+    torch.manual_seed(0)
+    d, n = 64, (2, 8)
+    # a q-like B and two equal k/v-like B's: a lone GEMM and a batched run. Ranks are
+    # multiples of the SIMD width: the plain path applies silu per B, LatentUp to the
+    # grouped latent, and silu's vectorised loop and its scalar tail differ by an ulp
+    # (32: twice AVX-512's 16 floats, the unit of torch's vectorised CPU loops)
+    projs = [Bottleneck(d, 64, 32, act), Bottleneck(d, 32, 32, act), Bottleneck(d, 32, 32, act)]
+    for p in projs:
+        p.init_weights()
+        p.to(dtype)
+    norm = torch.nn.RMSNorm(d, eps=1e-5)
+    widths = [32, 32, 32]
+    full = torch.randn(*n, sum(widths), dtype=dtype)
+    reduced = [full] if grouped else list(full.split(widths, -1))
+    stats = torch.rand(*n, 1) * d + 1.0
+    upstream = [torch.randn(*n, p.dout, dtype=dtype) for p in projs]
+
+    def run(fused: bool):
+        for p in projs:
+            p.zero_grad(set_to_none=True)
+        ins = [r.detach().clone().requires_grad_() for r in reduced]
+        st = stats.clone().requires_grad_()
+
+        def forward():
+            if fused:
+                return latent_up(ins, st, projs, SINGLE_DEVICE, norm, d)
+            z = [p.activate(x, None) for p, x in zip(projs, down_finish(ins, st, projs, norm, d))]
+            return up_group(z, projs, SINGLE_DEVICE, grouped)
+
+        outs, saved = _saved_storages(forward)
+        sum((o.float() * u.float()).sum() for o, u in zip(outs, upstream)).backward()
+        grads = [x.grad for x in ins] + [st.grad] + [p.up.weight.grad for p in projs]
+        weights = {p.up.weight.untyped_storage().data_ptr() for p in projs}
+        return outs, grads, {k: v for k, v in saved.items() if k not in weights}
+
+    plain_outs, plain_grads, plain_saved = run(fused=False)
+    outs, grads, saved = run(fused=True)
+    for a, b in zip(outs + grads, plain_outs + plain_grads):
+        assert torch.equal(a, b)
+    one_copy = sum(r.numel() for r in reduced) * full.element_size() + stats.numel() * 4
+    assert sum(saved.values()) == one_copy
+    assert sum(plain_saved.values()) > one_copy  # what it replaces kept more
+
+
+# ----------------------------------------------------------------------------- sequence parallel
+def _btp_sp(keep_gathered=False):
+    return lambda model, mesh: apply_btp(
+        model, mesh, loss_parallel=False, sequence_parallel=True, keep_gathered=keep_gathered
+    )
+
+
+SP_CASES = [
+    # arch, flavor, tp, grouped, keep_gathered
+    ("svd", "debugmodel", 2, True, False),
+    ("cola", "debugmodel", 4, True, True),
+    ("cola", "debugmodel", 8, True, False),
+    ("cola", "debugmodel_gqa", 2, False, False),
+    ("cola", "debugmodel_gqa", 4, True, False),
+]
+
+
+@pytest.mark.parametrize("arch,flavor,tp,grouped,keep", SP_CASES)
+def test_sequence_parallel_btp_matches_single_device(arch, flavor, tp, grouped, keep):
+    args = small_args(flavors_for(arch)[flavor], group_linears=grouped)
+    ref = reference_model(args)
+    tokens, labels = _data(args)
+    ref_loss = lm_loss(ref(tokens), labels)
+    ref_loss.backward()
+
+    loss, grads, _ = run_parallel(ref, tp, _btp_sp(keep), tokens, labels)
+    assert abs(loss.item() - ref_loss.item()) < 1e-5 * abs(ref_loss.item())
+    for name, p in ref.named_parameters():
+        assert max_rel_err(grads[name], p.grad) < GRAD_TOL, name
+
+
+@pytest.mark.parametrize(
+    "flavor,tp,grouped,dtype,keep",
+    [
+        ("debugmodel", 2, True, "float32", False),
+        ("debugmodel_gqa", 4, False, "float32", False),
+        ("debugmodel", 4, True, "bfloat16", False),
+        ("debugmodel", 2, True, "bfloat16", True),
+    ],
+)
+def test_sequence_parallel_collectives_match_planner(flavor, tp, grouped, dtype, keep):
+    """Counted per block, in issue order, against ``boost_titan.plan``'s btp_sp closed
+    form (keep_gathered: the same without the backward regathers)."""
+    from boost_titan.plan import block_collectives
+
+    b, s = 2, 16
+    args = small_args(flavors_for("cola")[flavor], group_linears=grouped, max_seq_len=s)
+    ref = reference_model(args).to(getattr(torch, dtype))
+    tokens, labels = _data(args, b, s)
+    _, _, counter = run_parallel(ref, tp, _btp_sp(keep), tokens, labels, counter_cls=CommCounter)
+    fwd, bwd = block_collectives(args, "btp_sp", tp, b * s, grouped, "online", dtype)
+    if keep:
+        bwd = [c for c in bwd if "regathered" not in c.what]
+    for layer in ("layers.0", "layers.1"):
+        for phase, expected in (("forward", fwd), ("backward", bwd)):
+            got = counter.block_records(layer, phase)
+            assert [(r.op.split("_into")[0].split("_tensor")[0], r.numel) for r in got] == [
+                (c.op, c.numel) for c in expected
+            ], (layer, phase)
+
+
+def test_sequence_parallel_refuses_lax_and_sync_norm():
+    from boost_titan.tp_plans.btp import btp_comm
+
+    args = small_args(flavors_for("lax")["debugmodel"])
+    with fake_world(2) as mesh, pytest.raises(ValueError, match="does not support LaX"):
+        apply_btp(reference_model(args), mesh, False, sequence_parallel=True)
+    with pytest.raises(ValueError, match="needs rmsnorm = 'online'"):
+        btp_comm("sync", True, False)
+    with pytest.raises(ValueError, match="needs sequence_parallel = true"):
+        btp_comm("online", False, True)

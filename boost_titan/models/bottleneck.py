@@ -344,8 +344,10 @@ class LatentUp(torch.autograd.Function):
     elementwise ops and ``comm.up_input`` (sequence-parallel BTP: the all-gather again,
     Megatron-SP's trade; ``comm.keep_gathered`` saves the gathered latent instead) and
     runs each op's derivative as autograd would (same kernels, same layouts: gradients
-    equal plain autograd's bitwise, ``tests/test_btp.py``). Every op is a plain
-    aten op, so Dynamo traces forward and backward.
+    equal plain autograd's bitwise, ``tests/test_btp.py``, where each B's rank is a
+    multiple of the SIMD width; else the activation, applied here to the grouped
+    latent and by plain autograd per B, can differ by an ulp in a vector loop's scalar
+    tail). Every op is a plain aten op, so Dynamo traces forward and backward.
 
     Forward: ``z = up_input(act(latent * scale))``, then per run of equally shaped B's
     one batched GEMM (a lone B: one GEMM); outputs are per B. Backward: the B input
