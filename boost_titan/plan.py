@@ -404,9 +404,11 @@ def _memory_entry(m: PlanMemory | None) -> dict:
     """Per-rank bytes in the JSON report (None where not traced)."""
     keys = ("params", "grads", "optimizer", "activation", "total")
     if m is None:
-        return {f"{k}_bytes_per_rank": None for k in keys}
+        return {f"{k}_bytes_per_rank": None for k in keys} | {"activation_breakdown": None}
     values = (m.params, m.grads, m.optimizer, m.activations, m.total)
-    return {f"{k}_bytes_per_rank": v for k, v in zip(keys, values)}
+    return {f"{k}_bytes_per_rank": v for k, v in zip(keys, values)} | {
+        "activation_breakdown": m.activation_breakdown
+    }
 
 
 def _format_memory(rep: dict) -> list[str]:
@@ -428,6 +430,29 @@ def _format_memory(rep: dict) -> list[str]:
             lines.append(
                 f"{plan:9s}"
                 + "".join(f"{e[f'{c}_bytes_per_rank'] / div:10.2f}{unit}" for c in cols)
+            )
+    lines += _format_breakdowns(rep, div, unit)
+    return lines
+
+
+def _format_breakdowns(rep: dict, div: int, unit: str) -> list[str]:
+    """One line per traced plan: the saved bytes per block by role, and the stack's ends.
+    Their sum is the bytes autograd saves; the table's activation column is MemTracker's
+    allocations alive at the forward's end, stated where the two differ."""
+    from boost_titan.dryrun.breakdown import ActivationBreakdown, format_breakdown
+
+    lines = []
+    for plan, e in rep["plans"].items():
+        b = e.get("activation_breakdown")
+        if b is None:
+            continue
+        lines.append(f"activation per block ({plan}): {format_breakdown(b, div, unit)}")
+        saved, act = ActivationBreakdown.from_json(b).saved_total, e["activation_bytes_per_rank"]
+        if saved != act:
+            lines.append(
+                f"  saved {saved} B vs activation {act} B ({saved - act:+d} B): the table "
+                f"counts allocations alive at the forward's end, the breakdown the "
+                f"storages autograd saves"
             )
     return lines
 

@@ -88,6 +88,18 @@ def test_dry_run_equals_real_ranks(config, ngpu, extra):
         assert d["params_bytes"] > 0 and d["optimizer_bytes"] >= 2 * d["params_bytes"]
         for a, b in zip(d["stage_activation_bytes"], r["stage_activation_bytes"]):
             assert abs(a - b) <= 0.1 * b, (a, b)
+        # the saved bytes by block and role: measured, they are the stage activations
+        # (the same saved-tensor hooks); traced, the same storages of fake tensors
+        db, rb = d["activation_breakdown"], r["activation_breakdown"]
+        print(config, d["role"], "breakdown dry", db, "real", rb)
+        assert rb["saved_total"] == sum(r["stage_activation_bytes"])
+        for b in (db, rb):
+            assert sum(b["block_total"].values()) + b["stack_ends"] == b["saved_total"]
+        assert (db["block_total"], db["stack_ends"], db["blocks"]) == (
+            rb["block_total"],
+            rb["stack_ends"],
+            rb["blocks"],
+        )
     if "tp2" in config:
         assert dry["roles"][0]["tp_collectives_per_step"] > 0
     if extra and "pp2" in config:

@@ -141,3 +141,51 @@ def test_planner_memory_equals_bench_measurement(tmp_path):
         assert e["total_bytes_per_rank"] == sum(
             e[f"{k}_bytes_per_rank"] for k in ("params", "grads", "optimizer", "activation")
         )
+        _check_breakdown(plan, e, rep)
+
+
+def _btp_fp32_latent_per_block(N: int, r: int, c: int = 1, e: int = 4) -> int:
+    """What one BTP block saves of latents (grouped A's, Online-RMSNorm, fp32: e = 4
+    bytes, c = 1 statistics column, N tokens), read off models/model.py and
+    models/bottleneck.py, one saved storage a line."""
+    return (
+        # attention chunk: down_finish of A_q|A_k|A_v, up_group of B_q,B_k,B_v, A_o
+        N * 1 * e  # 1/rms scale (rsqrt's result; the mul's other operand)
+        + N * (3 * r + c) * e  # the reduced [latent | stats]: l.float() is l, the mul saves it
+        + N * 3 * r * e  # (l * scale).type_as(l): silu's input (its split views)
+        + 3 * N * r * e  # stacked z for the batched B's (bmm input)
+        + N * r * e  # the reduced A_o latent: silu's input
+        + N * r * e  # silu(z_o): B_o's input
+        # MLP chunk: down_finish of A_gate|A_up, B_gate,B_up, A_down
+        + N * 1 * e  # 1/rms scale
+        + N * (2 * r + c) * e  # the reduced [latent | stats]
+        + N * 2 * r * e  # (l * scale).type_as(l): silu's input
+        + 2 * N * r * e  # stacked z for the batched B's
+        + N * r * e  # the reduced A_down latent: silu's input
+        + N * r * e  # silu(z_d): B_down's input
+    )
+
+
+def _check_breakdown(plan: str, e: dict, rep: dict) -> None:
+    """The saved bytes by block and role (boost_titan/dryrun/breakdown.py): the roles
+    sum to the saved total; that total is MemTracker's activations (the table's) to
+    within a few bytes (MemTracker also holds a scalar it does not save: measured 4
+    bytes at 3 layers); BTP's latents equal the closed form."""
+    b = e["activation_breakdown"]
+    roles = ("residual", "latent", "attention", "mlp", "other")
+    assert set(b["per_block"]) == set(b["block_total"]) == set(roles)
+    assert b["blocks"] == rep["model"]["n_layers"] == 4
+    assert sum(b["block_total"].values()) + b["stack_ends"] == b["saved_total"]
+    for k in roles:
+        assert b["per_block"][k] * b["blocks"] == b["block_total"][k]
+    print(plan, "saved", b["saved_total"], "MemTracker", e["activation_bytes_per_rank"], b)
+    assert abs(b["saved_total"] - e["activation_bytes_per_rank"]) <= 64
+    if plan == "btp":
+        args = flavors_for("cola")["debugmodel"]
+        N = rep["batch"] * rep["seq"]
+        assert b["per_block"]["latent"] == _btp_fp32_latent_per_block(N, args.rank)
+        # block input, its scaled copy for A_q|A_k|A_v; h and its scaled copy (fp32:
+        # x.float() is x itself)
+        assert b["per_block"]["residual"] == 4 * N * (args.dim // rep["tp"]) * 4
+    if plan == "fullrank":
+        assert b["per_block"]["latent"] == 0

@@ -31,6 +31,8 @@ class PlanMemory:
     grads: int
     optimizer: int
     activations: int
+    # the saved bytes by block and role (``breakdown.ActivationBreakdown.to_json``)
+    activation_breakdown: dict | None = None
 
     @property
     def total(self) -> int:
@@ -84,7 +86,11 @@ def _trace(config, args) -> PlanMemory:
     tp = config.parallelism.tensor_parallel_degree
     rep = trace_role(config, _parallel_dims(config, tp), fake=True, args=args)
     return PlanMemory(
-        rep.params_bytes, rep.grads_bytes, rep.optimizer_bytes, rep.activation_peak_bytes
+        rep.params_bytes,
+        rep.grads_bytes,
+        rep.optimizer_bytes,
+        rep.activation_peak_bytes,
+        rep.activation_breakdown,
     )
 
 
@@ -103,8 +109,22 @@ def _extrapolate(n_layers: int, traced: list[PlanMemory]) -> PlanMemory:
                 (two.params, two.grads, two.optimizer, two.activations),
                 (three.params, three.grads, three.optimizer, three.activations),
             )
-        )
+        ),
+        _extrapolate_breakdown(n_layers, two.activation_breakdown, three.activation_breakdown),
     )
+
+
+def _extrapolate_breakdown(n_layers: int, two: dict, three: dict) -> dict:
+    """The same rule per role: the third block's bytes are every further block's."""
+    from boost_titan.dryrun.breakdown import ActivationBreakdown
+
+    a, b = ActivationBreakdown.from_json(two), ActivationBreakdown.from_json(three)
+    grow = lambda x, y: x + (n_layers - 2) * (y - x)  # noqa: E731
+    return ActivationBreakdown(
+        {k: grow(a.block_total[k], b.block_total[k]) for k in a.block_total},
+        grow(a.stack_ends, b.stack_ends),
+        n_layers,
+    ).to_json()
 
 
 def _trace_all(

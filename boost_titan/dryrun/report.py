@@ -24,6 +24,11 @@ class RoleReport:
     tp_bytes_per_step: int
     tp_collectives_per_step: int
     notes: list[str] = field(default_factory=list)
+    # the bytes autograd saves in one microbatch's forward of each stage, per block by
+    # role and outside the blocks (``breakdown.ActivationBreakdown.to_json``); traced,
+    # its saved_total may differ slightly from stage_activation_bytes (MemTracker's
+    # allocations alive at the forward's end)
+    activation_breakdown: dict | None = None
 
 
 def budget_bytes(gpu_gib: float, headroom: float) -> float:
@@ -55,4 +60,25 @@ def format_reports(reports: list[RoleReport], gpu_gib: float, headroom: float) -
             f"{b(r.activation_peak_bytes)} {b(r.peak_bytes)} {b(r.tp_bytes_per_step)}  "
             f"{'yes' if r.peak_bytes <= budget_bytes(gpu_gib, headroom) else 'NO'}"
         )
+    lines += _format_breakdowns(reports, div, f"{unit}iB")
     return "\n".join(lines)
+
+
+def _format_breakdowns(reports: list[RoleReport], div: int, unit: str) -> list[str]:
+    """Per role: one microbatch's saved bytes per block by role, and at the stack's
+    ends; where their sum differs from the traced act/mb (MemTracker), both."""
+    from boost_titan.dryrun.breakdown import ActivationBreakdown, format_breakdown
+
+    lines = []
+    for r in reports:
+        if r.activation_breakdown is None:
+            continue
+        b = ActivationBreakdown.from_json(r.activation_breakdown)
+        lines.append(f"activation per block ({r.role}): {format_breakdown(b, div, unit)}")
+        act = sum(r.stage_activation_bytes)
+        if b.saved_total != act:
+            lines.append(
+                f"  saved {b.saved_total} B vs act/mb {act} B ({b.saved_total - act:+d} B): "
+                f"autograd's saved storages vs allocations alive at the forward's end"
+            )
+    return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+from boost_titan.dryrun.breakdown import ActivationBreakdown, BlockRoles, SavedBreakdown
 from boost_titan.dryrun.report import RoleReport
 from boost_titan.dryrun.schedule import _in_flight
 
@@ -91,32 +92,6 @@ def _parallel_dims(config, world_size: int):
     )
     pd.build_mesh()
     return pd
-
-
-def _saved_bytes(fn, modules) -> int:
-    """Bytes autograd saves while ``fn`` runs: each storage once, storages of the
-    modules' parameters and buffers excluded (weights saved by matmuls are no
-    activation). The measured counterpart of MemTracker's activations."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    def storage(t):
-        return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
-
-    owned = {
-        storage(t).data_ptr() for m in modules for t in list(m.parameters()) + list(m.buffers())
-    }
-    kept: dict[int, int] = {}
-
-    def pack(t):
-        st = storage(t)
-        if st.data_ptr() not in owned:
-            kept[st.data_ptr()] = max(kept.get(st.data_ptr(), 0), st.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(kept.values())
 
 
 def _step_tracker():
@@ -268,12 +243,17 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
         # step 2, one microbatch per stage, gradients and optimizer states alive
         stage_act, stage_peak = [], []
         counter = _GroupCounter()
+        # the bytes autograd saves, by block and role (both paths); measured, they are
+        # the stage's activations
+        breakdown, roles = ActivationBreakdown(), BlockRoles(args, plan, pd.tp)
         for k in range(len(parts)):
+            saved = SavedBreakdown(parts, roles)
             if fake:
                 tracker = _step_tracker()
                 tracker.track_external(*parts, optimizers)
                 with tracker, counter.hook, _loss_context(pd):
-                    out = forward(k)
+                    with saved:
+                        out = forward(k)
                     # everything backward needs is alive now: the activation peak
                     stage_act.append(_activations(tracker.get_tracker_snapshot("current")))
                     backward(out)
@@ -281,9 +261,12 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
                 stage_peak.append(_total(tracker.get_tracker_snapshot("peak")))
             else:
                 with counter.hook, _loss_context(pd):
-                    outs = []
-                    stage_act.append(_saved_bytes(lambda: outs.append(forward(k)), parts))  # noqa: B023
-                    backward(outs[0])
+                    with saved:
+                        out = forward(k)
+                    stage_act.append(saved.result.saved_total)
+                    backward(out)
+                    del out
+            breakdown += saved.result
         if not fake:
             # measured: the TP collectives of one whole step as the trainer runs it
             # (accum x the local batch, through the real schedule with PP), not the
@@ -326,6 +309,7 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
         tp_bytes_per_step=tp_bytes * step_mbs if fake else tp_bytes,
         tp_collectives_per_step=tp_count * step_mbs if fake else tp_count,
         notes=notes,
+        activation_breakdown=breakdown.to_json(),
     )
 
 
