@@ -36,6 +36,10 @@ def test_bench_smoke_writes_all_outputs(tmp_path):
     assert v["btp ungrouped"]["volume_per_step"] == v["btp"]["volume_per_step"]
     assert v["btp ungrouped"]["collectives_per_step"] > v["btp"]["collectives_per_step"]
     assert "btp_vs_vanilla_tokens_per_s" in summary["ratios"]
+    # sequence-parallel latents: each rank keeps 1/T of every latent; the forward
+    # volume is BTP's, backward regathers each latent once more
+    assert v["btp sp"]["saved_activation_mib"] < v["btp"]["saved_activation_mib"]
+    assert 1 < summary["ratios"]["sp_vs_btp_volume"] < 1.5
     md = (out / "results.md").read_text()
     assert "| btp |" in md and "comm/step MiB (all-reduce-equiv.)" in md
     _check_volume_convention(summary)

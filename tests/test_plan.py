@@ -104,11 +104,16 @@ def test_planner_memory_equals_bench_measurement(tmp_path):
     """The planner's per-rank memory (traced under FakeTensorMode, 4 layers extrapolated
     from traces of 2 and 3) against the benchmark's measurement of the same model on 2
     real gloo ranks (saved-tensor hooks, real parameters): CoLA debug model, TP2, fp32.
-    Parameters exact, activations within 10% (measured here: BTP to 4 bytes, vanilla
-    and full-rank 0.8% below)."""
+    Parameters exact, activations within 10% (measured here: BTP and BTP with
+    sequence-parallel latents to 4 bytes, vanilla and full-rank 0.8% below)."""
     shape = dict(dim=256, ffn_dim=688, n_heads=8, rank=64, n_layers=4, vocab_size=8192)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
-    plans = {"btp": "btp", "vanilla": "vanilla", "fullrank": "fullrank (dense twin)"}
+    plans = {
+        "btp": "btp",
+        "vanilla": "vanilla",
+        "fullrank": "fullrank (dense twin)",
+        "btp_sp": "btp sp",
+    }
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = tmp_path / "bench.log"  # a file, not a pipe: nothing reads it while the planner runs
     with log.open("w") as err:
@@ -149,20 +154,14 @@ def _btp_fp32_latent_per_block(N: int, r: int, c: int = 1, e: int = 4) -> int:
     bytes, c = 1 statistics column, N tokens), read off models/model.py and
     models/bottleneck.py, one saved storage a line."""
     return (
-        # attention chunk: down_finish of A_q|A_k|A_v, up_group of B_q,B_k,B_v, A_o
-        N * 1 * e  # 1/rms scale (rsqrt's result; the mul's other operand)
-        + N * (3 * r + c) * e  # the reduced [latent | stats]: l.float() is l, the mul saves it
-        + N * 3 * r * e  # (l * scale).type_as(l): silu's input (its split views)
-        + 3 * N * r * e  # stacked z for the batched B's (bmm input)
-        + N * r * e  # the reduced A_o latent: silu's input
-        + N * r * e  # silu(z_o): B_o's input
-        # MLP chunk: down_finish of A_gate|A_up, B_gate,B_up, A_down
-        + N * 1 * e  # 1/rms scale
-        + N * (2 * r + c) * e  # the reduced [latent | stats]
-        + N * 2 * r * e  # (l * scale).type_as(l): silu's input
-        + 2 * N * r * e  # stacked z for the batched B's
-        + N * r * e  # the reduced A_down latent: silu's input
-        + N * r * e  # silu(z_d): B_down's input
+        # LatentUp (models/bottleneck.py) saves each reduced latent once, with its
+        # statistics columns (one storage), and the 1/rms scale
+        N * (3 * r + c) * e  # A_q|A_k|A_v's reduced [latent | stats]
+        + N * 1 * e  # its 1/rms scale
+        + N * r * e  # A_o's reduced latent
+        + N * (2 * r + c) * e  # A_gate|A_up's reduced [latent | stats]
+        + N * 1 * e  # its 1/rms scale
+        + N * r * e  # A_down's reduced latent
     )
 
 
@@ -186,6 +185,11 @@ def _check_breakdown(plan: str, e: dict, rep: dict) -> None:
         assert b["per_block"]["latent"] == _btp_fp32_latent_per_block(N, args.rank)
         # block input, its scaled copy for A_q|A_k|A_v; h and its scaled copy (fp32:
         # x.float() is x itself)
+        assert b["per_block"]["residual"] == 4 * N * (args.dim // rep["tp"]) * 4
+    if plan == "btp_sp":  # the same latents, each rank keeping its N/T tokens of them
+        args = flavors_for("cola")["debugmodel"]
+        N = rep["batch"] * rep["seq"]
+        assert b["per_block"]["latent"] == _btp_fp32_latent_per_block(N // rep["tp"], args.rank)
         assert b["per_block"]["residual"] == 4 * N * (args.dim // rep["tp"]) * 4
     if plan == "fullrank":
         assert b["per_block"]["latent"] == 0

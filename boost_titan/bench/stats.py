@@ -70,6 +70,7 @@ def _plan_ratios(v: dict, suffix: str, key_suffix: str) -> dict:
     compiled: COMPILED), keyed ``<ratio><key_suffix>``."""
     btp, vanilla, full = "btp" + suffix, "vanilla" + suffix, "fullrank (dense twin)" + suffix
     ungrouped, sync = "btp ungrouped" + suffix, "btp sync-norm" + suffix
+    sp = "btp sp" + suffix
     ratios = {}
     if btp in v and vanilla in v:
         ratios["btp_vs_vanilla_tokens_per_s"] = v[btp]["tokens_per_s"] / v[vanilla]["tokens_per_s"]
@@ -88,6 +89,12 @@ def _plan_ratios(v: dict, suffix: str, key_suffix: str) -> dict:
     if sync in v:
         ratios["online_vs_sync_speedup"] = (
             v[sync]["step_time_median_s"] / v[btp]["step_time_median_s"]
+        )
+    if sp in v and btp in v:
+        ratios["sp_vs_btp_step_time"] = v[sp]["step_time_median_s"] / v[btp]["step_time_median_s"]
+        ratios["sp_vs_btp_volume"] = v[sp]["volume_per_step"] / max(v[btp]["volume_per_step"], 1)
+        ratios["sp_vs_btp_saved_activations"] = v[sp]["saved_activation_mib"] / max(
+            v[btp]["saved_activation_mib"], 1e-9
         )
     return {k + key_suffix: val for k, val in ratios.items()}
 

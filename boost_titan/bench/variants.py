@@ -11,8 +11,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 VARIANTS = {
-    # name: (architecture, plan, group_linears, rmsnorm, activation checkpointing)
+    # name: (architecture, plan, group_linears, rmsnorm, activation checkpointing);
+    # plan "btp_sp": btp with [boost] sequence_parallel (the planner's name for it)
     "btp": ("cola", "btp", True, "online", "none"),
+    "btp sp": ("cola", "btp_sp", True, "online", "none"),
     "vanilla": ("cola", "vanilla", True, "online", "none"),
     "fullrank (dense twin)": ("dense", "fullrank", True, "online", "none"),
     "btp ungrouped": ("cola", "btp", False, "online", "none"),
@@ -22,7 +24,14 @@ VARIANTS = {
     "btp full-ac": ("cola", "btp", True, "online", "full"),
     "vanilla full-ac": ("cola", "vanilla", True, "online", "full"),
 }
-DEFAULT_VARIANTS = ("btp", "vanilla", "fullrank (dense twin)", "btp ungrouped", "btp sync-norm")
+DEFAULT_VARIANTS = (
+    "btp",
+    "vanilla",
+    "fullrank (dense twin)",
+    "btp ungrouped",
+    "btp sync-norm",
+    "btp sp",
+)
 AC_VARIANTS = (
     "btp",
     "btp latent-ckpt",
@@ -131,7 +140,15 @@ def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inducto
     with torch.device("meta"):
         model = Transformer(args)
     # the trainer's entry: checks the TP degree divides what the plan splits, then applies it
-    job_config = SimpleNamespace(boost=SimpleNamespace(rmsnorm=norm))
+    sequence_parallel = plan == "btp_sp"
+    plan = "btp" if sequence_parallel else plan
+    job_config = SimpleNamespace(
+        boost=SimpleNamespace(
+            rmsnorm=norm,
+            sequence_parallel=sequence_parallel,
+            sequence_parallel_keep_gathered=False,
+        )
+    )
     apply_tp_plan(plan, model, mesh, loss_parallel=True, job_config=job_config)
     if ac.startswith("latent"):
         from boost_titan.latent_checkpoint import apply_latent_checkpointing

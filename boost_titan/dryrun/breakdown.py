@@ -183,8 +183,8 @@ class _Provenance:
 
     def _latent_node(self, node, value) -> bool:
         name = type(node).__name__
-        if name == "AccumulateGrad":
-            return False
+        if name == "AccumulateGrad" or name == "LatentUpBackward":
+            return False  # LatentUp: the B's (what it saves itself is the reduced latent)
         if name in _MATMUL_NODES and node.next_functions[-1][0] is not None:
             weights = self._leaf_params(node.next_functions[-1][0])
             if weights & self.down:

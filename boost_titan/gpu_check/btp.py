@@ -142,7 +142,11 @@ def _btp_arch(arch: str, sizes: Sizes, device: torch.device, backend: str, mesh)
     from boost_titan.tp_plans import apply_tp_plan
 
     args = btp_args(arch, sizes)
-    job = SimpleNamespace(boost=SimpleNamespace(rmsnorm="online"))
+    job = SimpleNamespace(
+        boost=SimpleNamespace(
+            rmsnorm="online", sequence_parallel=False, sequence_parallel_keep_gathered=False
+        )
+    )
     tokens, labels = batch(args.vocab_size, sizes.btp_batch, sizes.btp_seq, device)
     runs, graphs = {}, None
     for mode in ("eager", "compiled"):

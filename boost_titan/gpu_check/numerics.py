@@ -110,7 +110,11 @@ def _tp2_arch(arch: str, cfg: dict, device: torch.device) -> dict:
     args = model_args(arch, sizes.numerics_flavor, sizes.numerics_seq, sizes.numerics_dim)
     plan = resolve_tp_plan("auto", args)  # fullrank for dense, btp for low-rank
     mesh = init_device_mesh(device.type, (2,))
-    job = SimpleNamespace(boost=SimpleNamespace(rmsnorm="online"))
+    job = SimpleNamespace(
+        boost=SimpleNamespace(
+            rmsnorm="online", sequence_parallel=False, sequence_parallel_keep_gathered=False
+        )
+    )
     tokens, labels = batch(args.vocab_size, sizes.numerics_batch, sizes.numerics_seq, device)
     runs = {}
     for mode in ("eager", "compiled"):

@@ -77,8 +77,8 @@ def apply_tp_plan(
             tp_mesh,
             loss_parallel,
             norm_mode=b.rmsnorm,
-            sequence_parallel=getattr(b, "sequence_parallel", False),
-            keep_gathered=getattr(b, "sequence_parallel_keep_gathered", False),
+            sequence_parallel=b.sequence_parallel,
+            keep_gathered=b.sequence_parallel_keep_gathered,
         )
     elif plan == "vanilla":
         from .vanilla import apply_vanilla
