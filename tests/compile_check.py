@@ -40,11 +40,14 @@ def _job_config(
 ):
     from boost_titan.train import parse_config
 
+    # "btp_sp": btp with sequence-parallel latents (the planner's name)
+    sp = ["--boost.sequence_parallel"] if plan == "btp_sp" else []
     argv = [
+        *sp,
         "--activation_checkpoint.mode",
         ac,
         "--boost.tp_plan",
-        plan,
+        "btp" if sp else plan,
         "--boost.latent_checkpoint",
         latent_checkpoint,
         "--boost.latent_checkpoint_keep",
