@@ -257,6 +257,32 @@ FIXED: list[tuple[Case, str, str]] = [
         "clean",
         "rmsnorm = 'sync' all-reduces inside the norm; use 'online'",
     ),
+    # sequence-parallel latents: a btp option for SVD/CoLA under TP, online norm
+    (
+        Case("debug_lax_btp_tp2.toml", 2, "toml", [["boost", "sequence_parallel", True]]),
+        "clean",
+        "[boost] sequence_parallel = True cannot be used: LaX carries whole latents",
+    ),
+    (
+        Case(T, 1, "toml", [["boost", "sequence_parallel", True]]),
+        "clean",
+        "[boost] sequence_parallel = True cannot be used: tensor_parallel_degree is 1",
+    ),
+    (
+        Case(C, 2, "toml", [["boost", "sequence_parallel", True], ["boost", "tp_plan", "vanilla"]]),
+        "clean",
+        "cannot be used: tp_plan 'vanilla': sequence-parallel latents are a btp option",
+    ),
+    (
+        Case(C, 2, "toml", [["boost", "sequence_parallel", True], ["boost", "rmsnorm", "sync"]]),
+        "clean",
+        "rmsnorm = 'sync' normalises before the reduction; use 'online'",
+    ),
+    (
+        Case(C, 2, "toml", [["boost", "sequence_parallel_keep_gathered", True]]),
+        "clean",
+        "[boost] sequence_parallel_keep_gathered = True needs sequence_parallel = true",
+    ),
     (
         Case(T, 1, "cli", [["boost", "cpu_peak_flops", "-5"]]),
         "clean",
