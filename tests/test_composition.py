@@ -1,6 +1,6 @@
 """BTP composed with torchtitan's other dimensions, on 4 gloo ranks of the trainer:
 TP2 x FSDP2, PP2 x TP2 (1F1B and Interleaved1F1B), PP2 x FSDP2 and HSDP, for CoLA,
-SVD and LaX. Each run starts from the same seed checkpoint as a single-process run and
+SVD and LaX, with and without sequence-parallel latents. Each run starts from the same seed checkpoint as a single-process run and
 its first steps' loss and gradient norm must match that run's.
 
 Data-parallel runs must see the single run's batches: every DP rank reads a contiguous
@@ -26,10 +26,17 @@ GRAD_NORM_RTOL = 1.5e-3
 # arch, config, processes, data-parallel degree, extra overrides
 LAYOUTS = [
     ("cola", "debug_cola_btp_tp2_fsdp2.toml", 4, 2, ()),
-    ("cola", "debug_cola_btp_tp2_pp2.toml", 4, 1, ()),
+    # sequence-parallel latents under PP (and below, under FSDP2 with latent checkpointing)
+    ("cola", "debug_cola_btp_tp2_pp2.toml", 4, 1, ("--boost.sequence_parallel",)),
     ("lax", "debug_cola_btp_tp2_pp2_interleaved.toml", 4, 1, ()),
     ("lax", "debug_lax_pp2_fsdp2.toml", 4, 2, ()),
-    ("svd", "debug_cola_btp_tp2_fsdp2.toml", 4, 2, ("--boost.latent_checkpoint", "both")),
+    (
+        "svd",
+        "debug_cola_btp_tp2_fsdp2.toml",
+        4,
+        2,
+        ("--boost.latent_checkpoint", "both", "--boost.sequence_parallel"),
+    ),
     ("svd", "debug_svd_hsdp.toml", 4, 4, ()),
     # compiled (each block and the loss): the same numbers as the eager single process.
     # aot_eager: what these compose (compiled blocks under FSDP2's hooks, inside
@@ -132,6 +139,7 @@ def _last_stage(run):
         f"{'-compiled' if '--compile.enable' in e else ''}"
         f"{'-aot_eager' if 'aot_eager' in e else ''}"
         f"{'-ckpt' if '--boost.latent_checkpoint' in e else ''}"
+        f"{'-sp' if '--boost.sequence_parallel' in e else ''}"
         for a, c, _, _, e in LAYOUTS
     ],
 )
