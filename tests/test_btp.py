@@ -172,14 +172,21 @@ def test_online_rmsnorm_sharded_equals_full(norm_mode):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_online_rmsnorm_statistics_keep_fp32_accuracy_in_a_bf16_latent(tp):
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_online_rmsnorm_statistics_keep_fp32_accuracy_in_a_bf16_latent(tp, sequence_parallel):
     """A bf16 latent carries the statistics as exact hi/lo columns: 1/rms matches the
     float64 RMSNorm scale to ~1e-5, where one bf16 column (summed in bf16) is off by
-    ~1e-3; the latent columns are the plain bf16 sum; the statistics' gradient is 1."""
+    ~1e-3; the latent columns are the plain bf16 sum; the statistics' gradient is 1.
+    Sequence-parallel: the same, each rank holding its s/T tokens (reduce-scatter)."""
     from torch.distributed._local_tensor import LocalTensorMode
     from tp_sim import plain
 
-    from boost_titan.tp_plans.btp import BTPComm
+    from boost_titan.tp_plans.btp import BTPComm, BTPSequenceComm
+
+    def whole(t):  # SP: the ranks' sequence shards, concatenated
+        if not sequence_parallel:
+            return plain(t)
+        return torch.cat([t._local_tensors[rank] for rank in range(tp)], 1)
 
     b, s, r, d = 2, 64, 8, 32 * tp
     g = torch.Generator().manual_seed(0)
@@ -192,10 +199,11 @@ def test_online_rmsnorm_statistics_keep_fp32_accuracy_in_a_bf16_latent(tp):
             lambda rank: shards[rank].float().pow(2).sum(-1, keepdim=True)
         ).requires_grad_()
         latent = lm.rank_map(lambda rank: latents[rank])
-        reduced_latent, total = BTPComm(mesh).reduce_down(latent, stats)
+        comm = BTPSequenceComm(mesh) if sequence_parallel else BTPComm(mesh)
+        reduced_latent, total = comm.reduce_down(latent, stats)
         total.sum().backward()
         stats_grad = plain(stats.grad)
-        total, reduced_latent = plain(total.detach()), plain(reduced_latent)
+        total, reduced_latent = whole(total.detach()), whole(reduced_latent)
     err = ((torch.rsqrt(total.double() / d + 1e-6) - ref_scale).abs() / ref_scale).max().item()
     assert err < 1e-4, err
     assert torch.equal(stats_grad, torch.ones_like(stats_grad))
