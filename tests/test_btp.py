@@ -407,3 +407,25 @@ def test_sequence_parallel_refuses_lax_and_sync_norm():
         btp_comm("sync", True, False)
     with pytest.raises(ValueError, match="needs sequence_parallel = true"):
         btp_comm("online", False, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_statistics_save_no_fp32_copy_and_equal_plain_autograd(dtype):
+    """Online-RMSNorm's per-token sum of squares (``down_partial``) saves its 16-bit
+    input itself, not the fp32 copy plain autograd keeps for pow; gradients bitwise."""
+    from boost_titan.models.bottleneck import _SumOfSquares
+
+    x0 = torch.randn(2, 8, 64, dtype=dtype)
+    upstream = torch.randn(2, 8, 1)
+
+    def run(fn):
+        x = x0.clone().requires_grad_()
+        out, saved = _saved_storages(lambda: fn(x))
+        (out * upstream).sum().backward()
+        return out, x.grad, saved
+
+    out, grad, saved = run(_SumOfSquares.apply)
+    ref_out, ref_grad, ref_saved = run(lambda x: x.float().pow(2).sum(-1, keepdim=True))
+    assert torch.equal(out, ref_out) and torch.equal(grad, ref_grad)
+    assert sum(saved.values()) == x0.numel() * x0.element_size()
+    assert sum(ref_saved.values()) == x0.numel() * 4  # the fp32 copy (x itself in fp32)

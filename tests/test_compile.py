@@ -50,7 +50,18 @@ MATRIX = [
     ("btp", "svd", "debugmodel", "none", "attention", "none", "LORO", "aot_eager"),
     # sequence-parallel latents: deep, bf16 (the statistic's hi/lo columns reduce-
     # scattered), with latent checkpointing (its chunks then all-gather); and with LORO
-    ("btp_sp", "cola", "debugmodel_gqa", "both", "attention", "none", "AdamW", "aot_eager", DEEP, BF16),
+    (
+        "btp_sp",
+        "cola",
+        "debugmodel_gqa",
+        "both",
+        "attention",
+        "none",
+        "AdamW",
+        "aot_eager",
+        DEEP,
+        BF16,
+    ),
     ("btp_sp", "svd", "debugmodel", "none", "attention", "none", "LORO", "aot_eager"),
     ("vanilla", "svd", "debugmodel", "none", "attention", "none", "LORO", "aot_eager"),
 ]

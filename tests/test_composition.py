@@ -1,7 +1,8 @@
 """BTP composed with torchtitan's other dimensions, on 4 gloo ranks of the trainer:
 TP2 x FSDP2, PP2 x TP2 (1F1B and Interleaved1F1B), PP2 x FSDP2 and HSDP, for CoLA,
-SVD and LaX, with and without sequence-parallel latents. Each run starts from the same seed checkpoint as a single-process run and
-its first steps' loss and gradient norm must match that run's.
+SVD and LaX, with and without sequence-parallel latents. Each run starts from the same
+seed checkpoint as a single-process run and its first steps' loss and gradient norm
+must match that run's.
 
 Data-parallel runs must see the single run's batches: every DP rank reads a contiguous
 1/dp slice of a map-style dataset, so the DP runs read ``dp`` back-to-back copies of the

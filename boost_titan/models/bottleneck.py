@@ -201,6 +201,24 @@ def rms_normalize(x: torch.Tensor, stats: torch.Tensor, eps: float, dim: int) ->
     return (x.float() * torch.rsqrt(stats / dim + eps)).type_as(x)
 
 
+class _SumOfSquares(torch.autograd.Function):
+    """``x.float().pow(2).sum(-1, keepdim=True)``, saving ``x`` itself: through plain
+    autograd a 16-bit ``x`` is kept a second time as its fp32 copy (pow's input),
+    while ``x`` is saved anyway (the norm gain's multiply). Backward is autograd's
+    (pow's ``grad * 2 x`` on the fp32 copy, then the cast back), bitwise."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.float().pow(2).sum(-1, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        xf = x.float()
+        return (grad * (2.0 * xf)).to(x.dtype)
+
+
 # A group of down-projections A sharing one input runs in three steps:
 # ``down_partial`` (local) -> ``down_reduce`` (the collective) -> ``down_finish`` (local).
 # With a norm this is Online-RMSNorm: RMSNorm(x) A^T = ((x * g) A^T) / rms(x), so the
@@ -214,7 +232,7 @@ def down_partial(x, projs, comm, grouped, norm=None, dim=0, group=""):
     backward for free (latent checkpointing)."""
     stats = None
     if norm is not None:
-        stats = x.float().pow(2).sum(-1, keepdim=True)
+        stats = _SumOfSquares.apply(x)
         with comm.scope(f"normalize_{group}"):
             x, stats = comm.normalize_input(x, stats, norm.eps, dim)
         x = x * local(norm.weight)
