@@ -6,10 +6,12 @@
 
 Every recipe extends ``recipes/base/gpu.toml`` and sets only its model, its layout (the
 BOOST paper's: 3B TP2, 7B TP4, 13B TP4 x PP2, 30B/34B TP4 x PP4, FSDP2 over the rest;
-1B FSDP2 only) and its activation checkpointing. That last choice is the dry run's
+1B FSDP2 only) and its activation memory option. That last choice is the dry run's
 (:mod:`boost_titan.dryrun`), not ours: the first option, in order of cost, whose peak
-fits ``--gpu-memory`` less the headroom. Low-rank models under BTP: no checkpointing,
-then latent checkpointing of the MLP chunks, the attention chunks, both. Dense models:
+fits ``--gpu-memory`` less the headroom. Low-rank models under BTP: nothing, then
+latent checkpointing of the MLP chunks, the attention chunks, both, each first
+without and then with sequence-parallel latents (``[boost] sequence_parallel``: not
+LaX, not at TP 1). Dense models:
 none, then torchtitan's full AC (which the compiled TP path refuses: those recipes then
 run eager). The vanilla low-rank TP baseline is one override: ``--boost.tp_plan vanilla``
 (its latent checkpointing does not apply: add ``--boost.latent_checkpoint none``).
@@ -53,12 +55,35 @@ class Checkpointing:
     toml: dict[str, dict[str, object]]
 
 
+_SP = {"sequence_parallel": True}
 LOW_RANK_OPTIONS = (
     Checkpointing("none", {}),
+    # sequence-parallel latents: 1/T of each latent per rank for one more all-gather
+    # per latent in backward (cheaper than re-running a chunk)
+    Checkpointing("SP latents", {"boost": _SP}),
     Checkpointing("latent mlp", {"boost": {"latent_checkpoint": "mlp"}}),
+    Checkpointing("SP latents + latent mlp", {"boost": {**_SP, "latent_checkpoint": "mlp"}}),
     Checkpointing("latent attention", {"boost": {"latent_checkpoint": "attention"}}),
+    Checkpointing(
+        "SP latents + latent attention", {"boost": {**_SP, "latent_checkpoint": "attention"}}
+    ),
     Checkpointing("latent both", {"boost": {"latent_checkpoint": "both"}}),
+    Checkpointing("SP latents + latent both", {"boost": {**_SP, "latent_checkpoint": "both"}}),
 )
+
+
+def options_for(arch: str, tp: int) -> tuple[Checkpointing, ...]:
+    """The memory options of a recipe, in order of cost. Sequence-parallel latents
+    need TP and a model whose latents stay in their block (not LaX)."""
+    if arch == "dense":
+        return DENSE_OPTIONS
+    if arch == "lax" or tp == 1:
+        return tuple(
+            o for o in LOW_RANK_OPTIONS if "sequence_parallel" not in o.toml.get("boost", {})
+        )
+    return LOW_RANK_OPTIONS
+
+
 DENSE_OPTIONS = (
     Checkpointing("none", {}),
     Checkpointing(
@@ -99,7 +124,7 @@ def recipe_toml(arch: str, size: str, ckpt: Checkpointing, optimizer: str = "Ada
     layout = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "") + f", FSDP2 x{gpus // (tp * pp)}"
     lines = [
         f"# {MODEL_NAME[arch]} {size}: {layout} on {gpus} GPUs, {plan} TP plan, "
-        f"activation checkpointing: {ckpt.label}"
+        f"activation memory: {ckpt.label}"
         + (
             f", LORO optimizer (exact step every {LORO[size]['loro_freq']})"
             if optimizer == "LORO"
@@ -174,8 +199,8 @@ def choose(arch: str, size: str, optimizer: str, gpu_gib: float, headroom: float
 
     name = recipe_name(arch, size, optimizer)
     path = os.path.join(RECIPES_DIR, f"{name}.toml")
-    options = DENSE_OPTIONS if arch == "dense" else LOW_RANK_OPTIONS
-    gpus = LAYOUTS[size][2]
+    tp, _, gpus = LAYOUTS[size]
+    options = options_for(arch, tp)
     for ckpt in options:
         with open(path, "w") as f:
             f.write(recipe_toml(arch, size, ckpt, optimizer))
@@ -192,7 +217,7 @@ def choose(arch: str, size: str, optimizer: str, gpu_gib: float, headroom: float
 
 
 TABLE_HEAD = [
-    "| recipe | layout | GPUs | activation checkpointing | peak GiB/rank | "
+    "| recipe | layout | GPUs | activation memory | peak GiB/rank | "
     "params+grads+optimizer GiB/rank | TP GiB/step/rank |",
     "|---|---|---|---|---|---|---|",
 ]
@@ -218,7 +243,7 @@ def table() -> str:
     for arch, size, optimizer in all_recipes():
         path = os.path.join(RECIPES_DIR, f"{recipe_name(arch, size, optimizer)}.toml")
         with open(path) as f:
-            labels.append(re.search(r"activation checkpointing: ([^,]*)", f.readline()).group(1))
+            labels.append(re.search(r"activation memory: ([^,]*)", f.readline()).group(1))
         recipes.append((path, LAYOUTS[size][2]))
     for (arch, size, optimizer), label, roles in zip(all_recipes(), labels, _dry_runs(recipes)):
         rows.append(table_row(arch, size, optimizer, label.strip(), roles))
