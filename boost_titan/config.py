@@ -89,8 +89,9 @@ class Boost:
     keep only the reduced [b, s, r] latents (and the residual stream) and recompute
     the "attention" chunks (attention_norm + A_qkv, B_qkv -> attention -> A_o), the
     "mlp" chunks (B_o -> residual -> ffn_norm + A_gate|A_up, B_gate,B_up -> SwiGLU ->
-    A_down), or "both" in backward, without any collective. Needs the btp plan (or no
-    TP) with online RMSNorm, and replaces [activation_checkpoint] mode."""
+    A_down), or "both" in backward, without any collective (with sequence_parallel a
+    re-forwarded chunk all-gathers its latents again). Needs the btp plan (or no TP)
+    with online RMSNorm, and replaces [activation_checkpoint] mode."""
 
     latent_checkpoint_every: int = 1
     """Apply latent checkpointing to every k-th block (block index % k == 0)."""

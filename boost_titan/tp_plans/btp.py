@@ -16,7 +16,11 @@ fp32 statistic as an exact hi/lo pair in its own columns, see ``reduce_down``).
 
 Every one of those collectives is in :class:`BTPComm` below; ``ungrouped`` splits them
 per projection; the ``sync`` norm ablation (:class:`BTPSyncNormComm`) adds one
-statistics all-reduce per norm (and one more for its gradient). Stack ends: the
+statistics all-reduce per norm (and one more for its gradient);
+``[boost] sequence_parallel`` (:class:`BTPSequenceComm`) turns each all-reduce into a
+reduce-scatter over the sequence plus an all-gather before B. The backward all-reduce
+at the B inputs runs inside ``LatentUp``'s backward (``up_input_grad``), which keeps
+one copy of each latent. Stack ends: the
 embedding is sharded on its embedding dim (the d/T slice costs nothing); after the
 last block one all-gather feeds the replicated final norm and a vocab-parallel head
 whose logits go to torchtitan's loss-parallel cross-entropy.
