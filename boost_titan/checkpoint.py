@@ -2,9 +2,10 @@
 verification.
 
     python -m boost_titan.checkpoint export --job.config_file CONFIG [--section.key v ...] \\
-        --from outputs/run/checkpoint/step-1000 --to model.safetensors [--dtype bfloat16]
+        --from outputs/run/checkpoint/step-1000 --to outputs/exported/model.safetensors \\
+        [--dtype bfloat16]
     python -m boost_titan.checkpoint import --job.config_file CONFIG [...] \\
-        --from model.safetensors --to outputs/imported/step-0
+        --from outputs/exported/model.safetensors --to outputs/imported/step-0
     python -m boost_titan.checkpoint verify outputs/run/checkpoint[/step-1000]
 
 ``verify`` checks every byte of a checkpoint against the checksums its save recorded
