@@ -21,8 +21,10 @@ optimizer step between, under torch's ``MemTracker``. Per rank it reports:
 * peak: the traced peak (parameters, gradients, optimizer states, all-gathered FSDP
   parameters, gradient temporaries and one microbatch's activations) plus the other
   in-flight microbatches' activations;
-* TP bytes per step: the collectives on the TP mesh, counted while tracing (logical
-  payload, as ``comm_stats``), times the microbatches of a step.
+* TP bytes per step: the collectives on the TP mesh, counted while tracing, in
+  all-reduce-equivalent bytes (``comm_stats.allreduce_equivalent``: an all-gather or
+  reduce-scatter counts half its payload; the planner's and benchmark's convention),
+  times the microbatches of a step.
 
 Eager figures: ``[compile]`` is ignored here (compiled graphs may save less). Exit
 code 1 when a role's peak exceeds ``--gpu-memory`` (GiB); 2 for a config that does not

@@ -54,10 +54,16 @@ def _lax_width(args) -> int:
 
 
 class _GroupCounter:
-    """Counts collectives by process group name (TP vs FSDP vs PP)."""
+    """Counts collectives and their all-reduce-equivalent bytes by process group name
+    (TP vs FSDP vs PP)."""
 
     def __init__(self):
-        from boost_titan.comm_stats import CollectiveHook, _payload
+        from boost_titan.comm_stats import (
+            CollectiveHook,
+            _payload,
+            allreduce_equivalent,
+            canonical_op,
+        )
 
         counter = self
 
@@ -69,8 +75,12 @@ class _GroupCounter:
                 groups = [a.group_name for a in args if hasattr(a, "group_name")]
                 group = names[-1] if names else (groups[0] if groups else None)
                 nbytes, _ = _payload(op, args, out)
+                # the planner's and the benchmark's convention: an all-gather or a
+                # reduce-scatter counts half its payload (on a ring, an all-reduce
+                # is one of each), so plans that mix them compare fairly
+                volume = int(allreduce_equivalent(canonical_op(op), nbytes))
                 c, b = counter.by_group.get(group, (0, 0))
-                counter.by_group[group] = (c + 1, b + nbytes)
+                counter.by_group[group] = (c + 1, b + volume)
 
         self.by_group: dict[str | None, tuple[int, int]] = {}
         self.hook = Hook()

@@ -233,7 +233,8 @@ def choose(arch: str, size: str, optimizer: str, gpu_gib: float, headroom: float
 
 TABLE_HEAD = [
     "| recipe | layout | GPUs | activation memory | peak GiB/rank | "
-    "params+grads+optimizer GiB/rank | TP GiB/step/rank | peak with SP latents |",
+    "params+grads+optimizer GiB/rank | TP GiB/step/rank (all-reduce-equiv.) | "
+    "peak with SP latents |",
     "|---|---|---|---|---|---|---|---|",
 ]
 
