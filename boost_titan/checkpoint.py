@@ -2,9 +2,10 @@
 verification.
 
     python -m boost_titan.checkpoint export --job.config_file CONFIG [--section.key v ...] \\
-        --from outputs/run/checkpoint/step-1000 --to model.safetensors [--dtype bfloat16]
+        --from outputs/run/checkpoint/step-1000 --to outputs/exported/model.safetensors \\
+        [--dtype bfloat16]
     python -m boost_titan.checkpoint import --job.config_file CONFIG [...] \\
-        --from model.safetensors --to outputs/imported/step-0
+        --from outputs/exported/model.safetensors --to outputs/imported/step-0
     python -m boost_titan.checkpoint verify outputs/run/checkpoint[/step-1000]
 
 ``verify`` checks every byte of a checkpoint against the checksums its save recorded
@@ -26,7 +27,9 @@ and string metadata: ``format`` (``boost_titan/1``), ``model_name``, ``flavor``,
 ``model_args`` (JSON), ``source`` and ``step``.
 
 Both commands write to a temporary path in the target's folder and rename it into place
-when complete: a failure never leaves a half-written file or checkpoint behind.
+when complete: a failure never leaves a half-written file or checkpoint behind. What they
+write has the permissions of any other file the user writes (0644 files, 0755 folders
+under umask 022).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import secrets  # noqa: E402
 import shutil  # noqa: E402
-import tempfile  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -156,6 +159,22 @@ def _args_json(args) -> str:
     )
 
 
+def _new_tmp(target: Path, *, folder: bool) -> Path:
+    """A new temporary file or folder beside ``target``, to be renamed onto it, created
+    as a plain write creates one (0666 / 0777 less the umask): ``tempfile.mkstemp`` and
+    ``mkdtemp`` make theirs 0600 / 0700, and the rename would carry that to the output."""
+    while True:
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            if folder:
+                os.mkdir(tmp, 0o777)
+            else:
+                os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return tmp
+        except FileExistsError:  # another export's temporary name: draw again
+            continue
+
+
 def export_safetensors(
     job_config, checkpoint_dir: str, out: str, dtype: torch.dtype | None = None
 ) -> Path:
@@ -175,10 +194,13 @@ def export_safetensors(
         "source": str(Path(checkpoint_dir).resolve()),
         "step": _step_of(Path(checkpoint_dir)),
     }
-    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = _new_tmp(out_path, folder=False)
+    plain_mode = tmp.stat().st_mode & 0o777  # the umask's, as the kernel applied it
     try:
-        save_file({k: v.contiguous() for k, v in sorted(state.items())}, tmp, metadata=metadata)
+        save_file(
+            {k: v.contiguous() for k, v in sorted(state.items())}, str(tmp), metadata=metadata
+        )
+        os.chmod(tmp, plain_mode)  # safetensors' save_file leaves its file 0600
         os.replace(tmp, out_path)
     finally:
         if os.path.exists(tmp):
@@ -219,7 +241,7 @@ def import_safetensors(job_config, path: str, out_dir: str) -> Path:
         _model_desc(job_config),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    tmp = _new_tmp(out, folder=True)
     try:
         dcp.save(state, checkpoint_id=str(tmp), no_dist=True)
         os.replace(tmp, out)

@@ -23,6 +23,7 @@ import boost_titan.specs  # noqa: E402,F401  (registers train specs and datasets
 from boost_titan import (  # noqa: E402
     checkpoint_manager,
     checkpoint_save,
+    comm_traces,
     dashboard,
     fault,
     integrity,
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         logger.info("Process group destroyed")
+        comm_traces.remove_if_empty(config)  # every rank is past its last collective
 
 
 if __name__ == "__main__":

@@ -356,6 +356,37 @@ def test_eager_summary_has_no_compile_section():
     assert set(summary["ratios"]) == {"btp_vs_vanilla_tokens_per_s", "vanilla_vs_btp_volume"}
 
 
+@pytest.mark.parametrize("smoke", [True, False])
+def test_every_chart_title_names_the_run(smoke):
+    """Both PNG charts carry a title naming what was measured, the layout and device,
+    the shape, and a --smoke run as such (read from the figure the chart is saved from)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from boost_titan.bench import report, stats, variants
+
+    shape = variants.SMOKE if smoke else variants.Shape()
+    device = "CPU (1 thread/rank, gloo)"
+    summary = stats.summarise({"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, shape, 2, device)
+    shape_text = (
+        f"d={shape.dim} f={shape.ffn_dim} r={shape.rank}, {shape.n_layers} layers, "
+        f"batch {shape.batch} x seq {shape.seq}"
+    )
+    for build, what in (
+        (report.step_time_figure, "training step time"),
+        (report.comm_share_figure, "TP communication per step"),
+    ):
+        fig = build(summary)
+        (ax,) = fig.axes
+        title = ax.get_title()
+        plt.close(fig)
+        assert f"{what}\nTP2 on {device}\n" in title, title
+        assert shape_text in title, title
+        assert ("SMOKE RUN" in title) == smoke, title
+
+
 def test_compile_twins_skip_what_the_trainer_refuses():
     from boost_titan.bench import variants
 

@@ -8,7 +8,9 @@ held after loading come back out of its own checkpoint."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,3 +197,44 @@ def test_export_rejects_a_config_that_does_not_fit(btp_run):
         expect_error="is not a DCP checkpoint (no .metadata file)",
     )
     assert not list(root.glob("*bad.safetensors*"))  # nothing half-written
+
+
+def _empty_folders(root: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir() and not any(p.iterdir())
+    )
+
+
+@pytest.mark.slow
+def test_runs_leave_no_empty_folders(btp_run, seed_checkpoint):
+    """torchtitan creates the flight recorder's ``comm_traces/`` in every dump folder;
+    a run that dumped nothing there removes it (``boost_titan.comm_traces``): a training
+    run (TP2, checkpoints) and a seed-checkpoint run."""
+    _, _, run = btp_run
+    seed_dump = seed_checkpoint("debug_cola.toml").parent.parent
+    for dump in (run.dump_folder, seed_dump):
+        assert (dump / "checkpoint").is_dir()  # the run wrote its dump folder
+        assert not (dump / "comm_traces").exists(), dump
+        assert _empty_folders(dump) == [], dump
+
+
+@pytest.mark.slow
+def test_export_and_import_write_as_a_plain_write_does(seed_checkpoint, tmp_path):
+    """Exported files and imported checkpoints get the permissions of any file the user
+    writes (0666 / 0777 less the umask: 0644 / 0755 under umask 022), not those of the
+    temporary path they are renamed from (``tempfile``'s 0600 / 0700)."""
+    umask = os.umask(0)
+    os.umask(umask)  # the CLI's, too: it forks from a server this process started
+    config = "debug_cola.toml"
+    exported = tmp_path / "exported" / "seed.safetensors"
+    _cli("export", "--from", str(seed_checkpoint(config)), "--to", str(exported), config=config)
+    imported = tmp_path / "imported" / "step-0"
+    _cli("import", "--from", str(exported), "--to", str(imported), config=config)
+    assert oct(exported.stat().st_mode & 0o777) == oct(0o666 & ~umask)
+    assert oct(imported.stat().st_mode & 0o777) == oct(0o777 & ~umask)
+    inside = list(imported.rglob("*"))
+    assert inside  # the DCP files
+    for p in inside:
+        want = 0o777 if p.is_dir() else 0o666
+        assert oct(p.stat().st_mode & 0o777) == oct(want & ~umask), p
+    assert sorted(p.name for p in exported.parent.iterdir()) == ["seed.safetensors"]  # no tmp left

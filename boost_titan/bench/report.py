@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from boost_titan.bench.variants import DESCRIPTIONS, base_name, compiled_name
+from boost_titan.bench.variants import DESCRIPTIONS, SMOKE, base_name, compiled_name
 
 VOLUME_NOTE = (
     "Communication volume in all-reduce-equivalent bytes (the planner's convention, "
@@ -114,16 +114,27 @@ def _compile_markdown(comp: dict) -> list[str]:
     return lines + [""]
 
 
-def charts(summary: dict, out: Path) -> None:
-    import matplotlib
+def chart_title(summary: dict, what: str) -> str:
+    """A chart's title: what it shows, the layout and device, the shape, and whether
+    this was a ``--smoke`` run (its tiny shape checks the outputs, not the speed)."""
+    s = summary["shape"]
+    shape = (
+        f"d={s['dim']} f={s['ffn_dim']} r={s['rank']}, {s['n_layers']} layers, "
+        f"batch {s['batch']} x seq {s['seq']}, fp32"
+    )
+    lines = [f"BTP vs baselines: {what}", f"TP{summary['tp']} on {summary['device']}", shape]
+    if s == SMOKE.__dict__:
+        lines.append("SMOKE RUN (--smoke): checks the outputs, not a measurement")
+    return "\n".join(lines)
 
-    matplotlib.use("Agg")
+
+def step_time_figure(summary: dict):
+    """The step-time chart (a matplotlib Figure): each variant's median with min-max."""
     import matplotlib.pyplot as plt
 
     names = list(summary["variants"])
     v = summary["variants"]
-    height = max(3.5, 0.35 * len(names) + 1)  # --compile doubles the bars
-    fig, ax = plt.subplots(figsize=(8, height))
+    fig, ax = plt.subplots(figsize=(8, _chart_height(names)))
     med = [v[n]["step_time_median_s"] for n in names]
     err = [
         [med[i] - v[n]["step_time_min_s"] for i, n in enumerate(names)],
@@ -134,11 +145,18 @@ def charts(summary: dict, out: Path) -> None:
     )
     ax.set_xlabel("step time (s), median with min-max")
     ax.invert_yaxis()
-    ax.set_title(f"TP{summary['tp']} training step, {summary['device']}")
+    ax.set_title(chart_title(summary, "training step time"))
     fig.tight_layout()
-    fig.savefig(out / "step_time.png", dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, height))
+    return fig
+
+
+def comm_share_figure(summary: dict):
+    """The communication chart (a matplotlib Figure): volume per step, share of step time."""
+    import matplotlib.pyplot as plt
+
+    names = list(summary["variants"])
+    v = summary["variants"]
+    fig, ax = plt.subplots(figsize=(8, _chart_height(names)))
     ax.barh(names, [v[n]["volume_per_step"] / 2**20 for n in names], color="#457b9d")
     ax.set_xlabel("communication per step (MiB, all-reduce-equivalent)")
     for i, n in enumerate(names):
@@ -149,9 +167,25 @@ def charts(summary: dict, out: Path) -> None:
             va="center",
         )
     ax.invert_yaxis()
+    ax.set_title(chart_title(summary, "TP communication per step"))
     fig.tight_layout()
-    fig.savefig(out / "comm_share.png", dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _chart_height(names: list[str]) -> float:
+    return max(4.0, 0.35 * len(names) + 2.0)  # --compile doubles the bars; 3-4 line title
+
+
+def charts(summary: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for build, name in ((step_time_figure, "step_time.png"), (comm_share_figure, "comm_share.png")):
+        fig = build(summary)
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
 
 
 def tb_scalars(v: dict, tokens: int) -> dict[str, list[float]]:

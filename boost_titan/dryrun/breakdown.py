@@ -273,7 +273,10 @@ class SavedBreakdown:
             for t in list(m.parameters()) + list(m.buffers())
         }
         graph = _Provenance(self.parts)
-        kept: dict[int, list] = {}  # storage key -> [storage, nbytes, block, role]
+        # storage key -> [nbytes, block, role]. Keys only: holding the storages would
+        # keep them alive past their use and inflate the traced peak. A saved storage
+        # lives until backward, so its key is not reused while the forward runs.
+        kept: dict[int, list] = {}
         current: list[int | None] = [None]
         entered: set[int] = set()
 
@@ -281,6 +284,9 @@ class SavedBreakdown:
             def hook(module, args):
                 current[0] = i
                 entered.add(i)
+                # FSDP2 registers the all-gathered (unsharded) parameters on the block
+                # for its forward: weights, not activations
+                owned.update(self._storage(p)._cdata for p in module.parameters())
 
             return hook
 
@@ -301,11 +307,11 @@ class SavedBreakdown:
             if key in owned:
                 return t
             if key in kept:
-                kept[key][1] = max(kept[key][1], st.nbytes())
+                kept[key][0] = max(kept[key][0], st.nbytes())
                 return t
             block = current[0]
             role = "stack_ends" if block is None else self.roles.role(t, graph)
-            kept[key] = [st, st.nbytes(), block, role]
+            kept[key] = [st.nbytes(), block, role]
             self.records.append(
                 (block, role, tuple(t.shape), t.dtype, key, type(t.grad_fn).__name__)
             )
@@ -318,9 +324,9 @@ class SavedBreakdown:
             for h in handles:
                 h.remove()
         out = ActivationBreakdown(blocks=len(entered))
-        nbytes_of = {key: v[1] for key, v in kept.items()}
+        nbytes_of = {key: v[0] for key, v in kept.items()}
         self.records = [(*r[:4], nbytes_of[r[4]], r[5]) for r in self.records]
-        for _, nbytes, block, role in kept.values():
+        for nbytes, block, role in kept.values():
             if block is None:
                 out.stack_ends += nbytes
             else:

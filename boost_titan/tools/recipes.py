@@ -174,19 +174,34 @@ def _toml_value(v) -> str:
     return repr(v)
 
 
-def _dry_runs(recipes: list[tuple[str, int]]):
-    """The roles of each (recipe path, world size), checked as the dry-run CLI does;
-    all traced in one pool of processes."""
+def _dry_runs(recipes: list[tuple[str, int]], extra: tuple[str, ...] = ()):
+    """The roles of each (recipe path, world size), with ``extra`` overrides, checked as
+    the dry-run CLI does; all traced in one pool of processes."""
     from boost_titan.config_check import check_config, parse_config
     from boost_titan.dryrun.run import dry_run_many
 
     jobs = []
     for path, gpus in recipes:
-        config = parse_config(["--job.config_file", path])
+        config = parse_config(["--job.config_file", path, *extra])
         check_config(config, world_size=gpus, files=False)
         pp = config.parallelism.pipeline_parallel_degree
-        jobs.append((["--job.config_file", path], gpus, pp))
+        jobs.append((["--job.config_file", path, *extra], gpus, pp))
     return dry_run_many(jobs)
+
+
+def _sp_peaks(recipes: list[tuple[str, str, str]], labels: list[str]) -> list[float | None]:
+    """Each recipe's peak (GiB) with sequence-parallel latents added to its chosen
+    option, where they apply and are not already chosen (else None)."""
+    todo = [
+        (i, os.path.join(RECIPES_DIR, f"{recipe_name(a, z, o)}.toml"), LAYOUTS[z][2])
+        for i, ((a, z, o), label) in enumerate(zip(recipes, labels))
+        if "SP latents" not in label and any("SP" in c.label for c in options_for(a, LAYOUTS[z][0]))
+    ]
+    peaks: list[float | None] = [None] * len(recipes)
+    runs = _dry_runs([(path, gpus) for _, path, gpus in todo], ("--boost.sequence_parallel",))
+    for (i, _, _), roles in zip(todo, runs):
+        peaks[i] = max(r.peak_bytes for r in roles) / 2**30
+    return peaks
 
 
 def _dry_run(path: str, gpus: int):
@@ -218,12 +233,14 @@ def choose(arch: str, size: str, optimizer: str, gpu_gib: float, headroom: float
 
 TABLE_HEAD = [
     "| recipe | layout | GPUs | activation memory | peak GiB/rank | "
-    "params+grads+optimizer GiB/rank | TP GiB/step/rank |",
-    "|---|---|---|---|---|---|---|",
+    "params+grads+optimizer GiB/rank | TP GiB/step/rank | peak with SP latents |",
+    "|---|---|---|---|---|---|---|---|",
 ]
 
 
-def table_row(arch: str, size: str, optimizer: str, label: str, roles) -> str:
+def table_row(
+    arch: str, size: str, optimizer: str, label: str, roles, sp_peak: float | None
+) -> str:
     tp, pp, gpus = LAYOUTS[size]
     worst = max(roles, key=lambda r: r.peak_bytes)
     static = max(r.params_bytes + r.grads_bytes + r.optimizer_bytes for r in roles)
@@ -231,7 +248,8 @@ def table_row(arch: str, size: str, optimizer: str, label: str, roles) -> str:
     return (
         f"| {recipe_name(arch, size, optimizer)} | {layout} | {gpus} | {label} | "
         f"{worst.peak_bytes / 2**30:.1f} | {static / 2**30:.1f} | "
-        f"{max(r.tp_bytes_per_step for r in roles) / 2**30:.2f} |"
+        f"{max(r.tp_bytes_per_step for r in roles) / 2**30:.2f} | "
+        f"{'-' if sp_peak is None else f'{sp_peak:.1f}'} |"
     )
 
 
@@ -245,8 +263,12 @@ def table() -> str:
         with open(path) as f:
             labels.append(re.search(r"activation memory: ([^,]*)", f.readline()).group(1))
         recipes.append((path, LAYOUTS[size][2]))
-    for (arch, size, optimizer), label, roles in zip(all_recipes(), labels, _dry_runs(recipes)):
-        rows.append(table_row(arch, size, optimizer, label.strip(), roles))
+    labels = [label.strip() for label in labels]
+    sp = _sp_peaks(all_recipes(), labels)
+    for (arch, size, optimizer), label, roles, sp_peak in zip(
+        all_recipes(), labels, _dry_runs(recipes), sp
+    ):
+        rows.append(table_row(arch, size, optimizer, label, roles, sp_peak))
     return "\n".join(rows)
 
 
@@ -266,13 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     if not (a.write or a.table):
         ap.error("say --write and/or --table")
     if a.write:
-        rows = list(TABLE_HEAD)
-        for arch, size, optimizer in all_recipes():
-            if a.only and recipe_name(arch, size, optimizer) not in a.only:
+        chosen = []
+        for recipe in all_recipes():
+            if a.only and recipe_name(*recipe) not in a.only:
                 continue
-            ckpt, roles = choose(arch, size, optimizer, a.gpu_memory, a.headroom)
-            rows.append(table_row(arch, size, optimizer, ckpt.label, roles))
+            chosen.append((recipe, *choose(*recipe, a.gpu_memory, a.headroom)))
         if a.table:  # the figures of the choices just made
+            recipes = [recipe for recipe, _, _ in chosen]
+            sp = _sp_peaks(recipes, [ckpt.label for _, ckpt, _ in chosen])
+            rows = list(TABLE_HEAD)
+            for (recipe, ckpt, roles), sp_peak in zip(chosen, sp):
+                rows.append(table_row(*recipe, ckpt.label, roles, sp_peak))
             print("\n".join(rows))
     elif a.table:
         print(table())
