@@ -27,21 +27,22 @@ def test_bench_smoke_writes_all_outputs(tmp_path):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "results.json").read_text())
     v = summary["variants"]
-    assert set(v) >= {"btp", "vanilla", "fullrank (dense twin)", "btp ungrouped", "btp sync-norm"}
+    assert set(v) >= {"btp", "vanilla", "fullrank", "btp-ungrouped", "btp-sync-norm"}
     for name, r in v.items():
         assert r["steps_timed"] == 2 and r["step_time_median_s"] > 0 and r["tokens_per_s"] > 0, name
         assert 0 < r["comm_share"] < 1, name
     # counted bytes: the smoke shape's per-step volumes, independent of timing noise
     assert v["vanilla"]["volume_per_step"] > 3 * v["btp"]["volume_per_step"]
-    assert v["btp ungrouped"]["volume_per_step"] == v["btp"]["volume_per_step"]
-    assert v["btp ungrouped"]["collectives_per_step"] > v["btp"]["collectives_per_step"]
+    assert v["btp-ungrouped"]["volume_per_step"] == v["btp"]["volume_per_step"]
+    assert v["btp-ungrouped"]["collectives_per_step"] > v["btp"]["collectives_per_step"]
     assert "btp_vs_vanilla_tokens_per_s" in summary["ratios"]
     # sequence-parallel latents: each rank keeps 1/T of every latent; the forward
     # volume is BTP's, backward regathers each latent once more
-    assert v["btp sp"]["saved_activation_mib"] < v["btp"]["saved_activation_mib"]
+    assert v["btp-sp"]["saved_activation_mib"] < v["btp"]["saved_activation_mib"]
     assert 1 < summary["ratios"]["sp_vs_btp_volume"] < 1.5
     md = (out / "results.md").read_text()
     assert "| btp |" in md and "comm/step MiB (all-reduce-equiv.)" in md
+    assert "`fullrank`: full-rank dense twin, torchtitan Megatron+SP plan" in md  # the legend
     _check_volume_convention(summary)
     _check_tensorboard_runs(out / "tb", summary)
 
@@ -66,7 +67,7 @@ def _check_volume_convention(summary: dict) -> None:
         assert r["volume_per_step"] == pytest.approx(expected), name
     # full-rank TP (sequence parallel) moves activations by all-gather / reduce-scatter:
     # half its raw payload counts; vanilla and BTP's blocks all-reduce
-    full = v["fullrank (dense twin)"]
+    full = v["fullrank"]
     ag_rs = sum(c["bytes"] for op, c in full["comm_by_op"].items() if op != "all_reduce")
     assert ag_rs > 0
     assert full["volume_per_step"] == full["bytes_per_step"] - ag_rs / 2
@@ -87,7 +88,6 @@ def _check_tensorboard_runs(tb, summary: dict) -> None:
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     from boost_titan.bench.report import TB_TAGS
-    from boost_titan.bench.stats import slug
     from boost_titan.dashboard import BENCH_CHARTS, layout
 
     charts = {
@@ -99,10 +99,10 @@ def _check_tensorboard_runs(tb, summary: dict) -> None:
 
     v = summary["variants"]
     runs = {p.name for p in tb.iterdir() if p.is_dir()}
-    assert runs == {slug(n) for n in v} | {"ratios"}
+    assert runs == set(v) | {"ratios"}  # tb/<id>/: the ids as they are
     tokens = summary["shape"]["batch"] * summary["shape"]["seq"]
     for name, r in v.items():
-        acc = EventAccumulator(str(tb / slug(name)), size_guidance={"scalars": 0, "tensors": 0})
+        acc = EventAccumulator(str(tb / name), size_guidance={"scalars": 0, "tensors": 0})
         acc.Reload()
         assert set(acc.Tags()["scalars"]) == set(TB_TAGS), name
         [config] = acc.Tensors("custom_scalars__config__")  # the dashboard's layout
@@ -181,23 +181,23 @@ def test_bench_checkpointing_variants(tmp_path):
     v = summary["variants"]
     # exact, timing-free facts: checkpointing keeps fewer activations; latent
     # checkpointing adds no collective while full AC re-runs the forward's
-    assert v["btp latent-ckpt"]["saved_activation_mib"] < v["btp"]["saved_activation_mib"]
-    assert v["vanilla full-ac"]["saved_activation_mib"] < v["vanilla"]["saved_activation_mib"]
-    assert v["btp latent-ckpt"]["collectives_per_step"] == v["btp"]["collectives_per_step"]
-    assert v["btp latent-ckpt"]["bytes_per_step"] == v["btp"]["bytes_per_step"]
-    assert v["btp full-ac"]["collectives_per_step"] > v["btp"]["collectives_per_step"]
-    assert v["vanilla full-ac"]["bytes_per_step"] > v["vanilla"]["bytes_per_step"]
+    assert v["btp-latent-ckpt"]["saved_activation_mib"] < v["btp"]["saved_activation_mib"]
+    assert v["vanilla-full-ac"]["saved_activation_mib"] < v["vanilla"]["saved_activation_mib"]
+    assert v["btp-latent-ckpt"]["collectives_per_step"] == v["btp"]["collectives_per_step"]
+    assert v["btp-latent-ckpt"]["bytes_per_step"] == v["btp"]["bytes_per_step"]
+    assert v["btp-full-ac"]["collectives_per_step"] > v["btp"]["collectives_per_step"]
+    assert v["vanilla-full-ac"]["bytes_per_step"] > v["vanilla"]["bytes_per_step"]
     assert set(summary["checkpoint_efficiency"]) == {
-        "btp latent-ckpt",
-        "btp latent-ckpt recompute-attn",
-        "btp full-ac",
-        "vanilla full-ac",
+        "btp-latent-ckpt",
+        "btp-latent-ckpt-recompute-attn",
+        "btp-full-ac",
+        "vanilla-full-ac",
     }
     # keeping the attention outputs costs exactly them: per block the output
     # [b, s, d/T] and the log-sum-exp [b, h/T, s], fp32 (smoke: b 2, s 64, d 128, h 8, T 2)
     kept = (
-        v["btp latent-ckpt"]["saved_activation_mib"]
-        - v["btp latent-ckpt recompute-attn"]["saved_activation_mib"]
+        v["btp-latent-ckpt"]["saved_activation_mib"]
+        - v["btp-latent-ckpt-recompute-attn"]["saved_activation_mib"]
     ) * 2**20
     assert kept == 2 * (2 * 64 * 64 + 2 * 4 * 64) * 4
 
@@ -241,6 +241,16 @@ def test_gemm_mode_honours_tp_batch_seq(tmp_path):
         (["--gemm", "--compile"], "--compile applies to the training benchmark"),
         (["--compile", "--warmup", "0"], "--compile needs --warmup >= 1"),
         (["--tp", "0"], "--tp must be >= 1, got 0"),
+        (
+            ["--variants", "fullrank (dense twin)"],
+            "error: unknown benchmark variant 'fullrank (dense twin)' (renamed: use 'fullrank'); "
+            "valid: btp, btp-sp, vanilla, fullrank, btp-ungrouped, btp-sync-norm, "
+            "btp-latent-ckpt, btp-latent-ckpt-recompute-attn, btp-full-ac, vanilla-full-ac; "
+            "groups: default, ac\n",
+        ),
+        (["--variants", "btp,btp sp"], "variant 'btp sp' (renamed: use 'btp-sp'); valid: btp,"),
+        (["--variants", "btp-compiled"], "(compiled twins come from --compile: use 'btp' with"),
+        (["--variants", "btp,,vanilla"], "unknown benchmark variant ''; valid: btp,"),
     ],
 )
 def test_bench_refuses_flags_it_would_ignore(tmp_path, capsys, argv, message):
@@ -250,6 +260,36 @@ def test_bench_refuses_flags_it_would_ignore(tmp_path, capsys, argv, message):
         cli.main(argv + ["--out", str(tmp_path)])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_variant_ids_are_one_cli_and_path_safe_spelling():
+    """Ids are the --variants values, the results keys and the tb/<id>/ folders: no spaces,
+    parentheses or brackets; groups expand in order, each id once; every pre-id name is
+    refused naming its id."""
+    import re
+
+    from boost_titan.bench import variants
+
+    twins = [variants.compiled_name(n) for n in variants.VARIANTS]
+    assert all(re.fullmatch(r"[a-z]+(-[a-z]+)*", n) for n in [*variants.VARIANTS, *twins])
+    assert not set(twins) & set(variants.VARIANTS)
+    assert set(variants.DESCRIPTIONS) == set(variants.VARIANTS)
+    assert variants.resolve_variants("btp,fullrank") == ["btp", "fullrank"]
+    assert variants.resolve_variants(" btp-sp , vanilla-full-ac ") == ["btp-sp", "vanilla-full-ac"]
+    assert variants.resolve_variants("default") == list(variants.DEFAULT_VARIANTS)
+    assert variants.resolve_variants("btp-full-ac,ac") == [
+        "btp-full-ac",
+        "btp",
+        "btp-latent-ckpt",
+        "btp-latent-ckpt-recompute-attn",
+        "vanilla",
+        "vanilla-full-ac",
+    ]
+    assert len(variants.RENAMED) == 8 and not set(variants.RENAMED) & set(variants.VARIANTS)
+    for old, new in variants.RENAMED.items():
+        assert new in variants.VARIANTS
+        with pytest.raises(ValueError, match=re.escape(f"(renamed: use {new!r}); valid: btp,")):
+            variants.resolve_variants(f"btp,{old}")
 
 
 def test_bench_tp_needs_that_many_gpus(tmp_path, capsys, monkeypatch):
@@ -287,9 +327,9 @@ def test_summary_puts_compiled_beside_eager():
 
     raw = {
         "btp": _raw(0.2, 6.0),
-        "btp [compiled]": _raw(0.1, 6.0),
+        "btp-compiled": _raw(0.1, 6.0),
         "vanilla": _raw(0.4, 6.1),
-        "vanilla [compiled]": _raw(0.25, 6.1 * (1 + 3e-4)),
+        "vanilla-compiled": _raw(0.25, 6.1 * (1 + 3e-4)),
     }
     summary = stats.summarise(raw, variants.SMOKE, 2, "CPU", "inductor")
     comp = summary["compile"]["variants"]
@@ -303,7 +343,7 @@ def test_summary_puts_compiled_beside_eager():
     [mismatch] = stats.loss_mismatches(summary)
     assert mismatch.startswith("vanilla: eager 6.100000")
     md = report.markdown(summary)
-    assert "| btp [compiled] |" in md and "**MISMATCH**" in md
+    assert "| btp-compiled |" in md and "**MISMATCH**" in md
 
 
 def test_eager_summary_has_no_compile_section():
@@ -351,9 +391,9 @@ def test_compile_twins_skip_what_the_trainer_refuses():
     from boost_titan.bench import variants
 
     names, refused = variants.with_compiled(list(variants.AC_VARIANTS), tp=2)
-    assert names[:2] == ["btp", "btp [compiled]"]
-    assert "btp latent-ckpt [compiled]" in names
-    assert set(refused) == {"btp latent-ckpt recompute-attn", "btp full-ac", "vanilla full-ac"}
+    assert names[:2] == ["btp", "btp-compiled"]
+    assert "btp-latent-ckpt-compiled" in names
+    assert set(refused) == {"btp-latent-ckpt-recompute-attn", "btp-full-ac", "vanilla-full-ac"}
     assert variants.with_compiled(list(variants.AC_VARIANTS), tp=1)[1] == {}
 
 
@@ -384,19 +424,19 @@ def test_bench_compile_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
     v = summary["variants"]
-    assert list(v) == ["btp", "btp [compiled]", "vanilla", "vanilla [compiled]"]
+    assert list(v) == ["btp", "btp-compiled", "vanilla", "vanilla-compiled"]
     for name in ("btp", "vanilla"):
         c = summary["compile"]["variants"][name]
         assert c["loss_match"] and c["first_step_loss_rel_diff"] < 1e-4, c
         assert c["compile_step_s"] > 0 and c["compiled_tokens_per_s"] > 0
         # the compiled graphs issue exactly the eager step's collectives (profiler-counted)
-        compiled = v[f"{name} [compiled]"]
+        compiled = v[f"{name}-compiled"]
         keys = ("collectives_per_step", "bytes_per_step", "volume_per_step", "comm_by_op")
         assert [compiled[k] for k in keys] == [v[name][k] for k in keys]
     assert {"btp_vs_vanilla_tokens_per_s_compiled", "btp_compiled_vs_eager_tokens_per_s"} <= set(
         summary["ratios"]
     )
-    assert "| btp [compiled] |" in (out / "results.md").read_text()
+    assert "| btp-compiled |" in (out / "results.md").read_text()
 
 
 @pytest.mark.slow

@@ -111,8 +111,8 @@ def test_planner_memory_equals_bench_measurement(tmp_path):
     plans = {
         "btp": "btp",
         "vanilla": "vanilla",
-        "fullrank": "fullrank (dense twin)",
-        "btp_sp": "btp sp",
+        "fullrank": "fullrank",
+        "btp_sp": "btp-sp",
     }
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = tmp_path / "bench.log"  # a file, not a pipe: nothing reads it while the planner runs

@@ -17,7 +17,11 @@ the planner counts; results.json also keeps the raw bytes), and peak memory per 
 peak RSS rise during a step above the RSS before it, plus exact parameter bytes; GPU:
 max allocated). Ablations (grouping off, sync norm) are BTP variants of the same model.
 
-``--compile`` adds a compiled twin of every selected variant, ``<variant> [compiled]``,
+``--variants`` takes a comma list of variant ids (``btp``, ``btp-sp``, ``vanilla``,
+``fullrank``, ...; ``--help`` lists them) and group names (``default``, ``ac``); an id is
+the variant's one spelling in every output.
+
+``--compile`` adds a compiled twin of every selected variant, ``<id>-compiled``,
 run in the same interleaved repetitions: its blocks compiled as the trainer does
 (``boost_titan.compile.apply_compile``) and its loss ``torch.compile``'d. Its first
 warm-up step compiles; that step's time is reported separately (``compile`` in
@@ -26,7 +30,7 @@ loss must equal its eager twin's within 1e-4 relative, or the run fails after wr
 its outputs.
 
 Outputs in ``--out``: results.json, results.md, step_time.png, comm_share.png and
-TensorBoard runs under tb/: one per variant (tb/<variant>/, the same tags in each, one
+TensorBoard runs under tb/: one per variant (tb/<id>/, the same tags in each, one
 point per timed step), so ``tensorboard --logdir <out>/tb`` overlays the variants, and
 tb/ratios/.
 """
@@ -44,11 +48,12 @@ from boost_titan.bench.gemm import GEMM_DEFAULTS, gemm_bench
 from boost_titan.bench.report import charts, markdown, tensorboard
 from boost_titan.bench.stats import loss_mismatches, summarise
 from boost_titan.bench.variants import (
-    AC_VARIANTS,
     DEFAULT_VARIANTS,
+    GROUPS,
     SMOKE,
     VARIANTS,
     Shape,
+    resolve_variants,
     with_compiled,
 )
 from boost_titan.bench.worker import worker
@@ -91,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
-        help=f"comma list of {list(VARIANTS)}, or 'ac' for the checkpointing set",
+        help=f"comma list of variant ids ({', '.join(VARIANTS)}) and groups ({_groups()})",
     )
     p.add_argument(
         "--compile",
@@ -121,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
         "--gemm-seconds", type=float, default=0.5, help="GEMM mode: seconds timed per GEMM"
     )
     return p
+
+
+def _groups() -> str:
+    return "; ".join(f"{g} = {','.join(names)}" for g, names in GROUPS.items())
 
 
 def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -183,10 +192,10 @@ def _variant_names(
     p: argparse.ArgumentParser, a: argparse.Namespace, tp: int
 ) -> tuple[list[str], dict[str, str]]:
     """The variants to run, compiled twins included, and those refused compilation."""
-    names = list(AC_VARIANTS) if a.variants == "ac" else [n.strip() for n in a.variants.split(",")]
-    unknown = set(names) - set(VARIANTS)
-    if unknown:
-        p.error(f"unknown variants {sorted(unknown)}; valid: {list(VARIANTS)}")
+    try:
+        names = resolve_variants(a.variants)
+    except ValueError as e:
+        p.error(str(e))
     return with_compiled(names, tp) if a.compile else (names, {})
 
 

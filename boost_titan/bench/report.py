@@ -2,7 +2,7 @@
 
 Communication volume is all-reduce-equivalent bytes everywhere (``volume_per_step``,
 ``boost_titan.comm_stats.allreduce_equivalent``). TensorBoard: one run per variant,
-``tb/<variant slug>/``, every run with the same tags (:data:`TB_TAGS`), so TensorBoard
+``tb/<variant id>/``, every run with the same tags (:data:`TB_TAGS`), so TensorBoard
 overlays the variants in one chart, plus ``tb/ratios/`` with the plan ratios.
 """
 
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from boost_titan.bench.stats import slug
-from boost_titan.bench.variants import SMOKE, compiled_name
+from boost_titan.bench.variants import DESCRIPTIONS, SMOKE, base_name, compiled_name
 
 VOLUME_NOTE = (
     "Communication volume in all-reduce-equivalent bytes (the planner's convention, "
@@ -55,7 +54,7 @@ def markdown(summary: dict) -> str:
             f"| {v['peak_step_mem_mib']:.0f} "
             f"| {v['param_mib_per_rank']:.1f} |"
         )
-    lines += ["", VOLUME_NOTE, ""]
+    lines += ["", legend(summary["variants"]), "", VOLUME_NOTE, ""]
     if "compile" in summary:
         lines += _compile_markdown(summary["compile"])
     for n, e in summary.get("checkpoint_efficiency", {}).items():
@@ -72,6 +71,13 @@ def markdown(summary: dict) -> str:
     for k, val in summary["ratios"].items():
         lines.append(f"- {k}: **{val:.2f}x**")
     return "\n".join(lines) + "\n"
+
+
+def legend(variants) -> str:
+    """What each variant id in the table is (a compiled twin: its eager twin, compiled)."""
+    bases = dict.fromkeys(base_name(n) for n in variants)
+    compiled = " `<id>-compiled`: the same, torch.compile'd." if len(bases) < len(variants) else ""
+    return "Variants: " + "; ".join(f"`{n}`: {DESCRIPTIONS[n]}" for n in bases) + "." + compiled
 
 
 def _compile_markdown(comp: dict) -> list[str]:
@@ -200,7 +206,7 @@ def tb_scalars(v: dict, tokens: int) -> dict[str, list[float]]:
 
 
 def tensorboard(summary: dict, out: Path) -> None:
-    """``tb/<variant slug>/``: one run per variant, the same tags in each (TensorBoard
+    """``tb/<variant id>/``: one run per variant, the same tags in each (TensorBoard
     overlays the runs in one chart per tag) and the dashboard's custom-scalars layout
     of these tags (``dashboard.BENCH_CHARTS``, charted as training runs are);
     ``tb/ratios/``: the plan ratios (and compile step times) at step 0 and results.md
@@ -215,7 +221,7 @@ def tensorboard(summary: dict, out: Path) -> None:
     s = summary["shape"]
     tokens = s["batch"] * s["seq"]
     for n, v in summary["variants"].items():
-        w = SummaryWriter(str(out / "tb" / slug(n)))
+        w = SummaryWriter(str(out / "tb" / n))
         w.add_custom_scalars(layout(validation=False, charts=BENCH_CHARTS))
         for tag, values in tb_scalars(v, tokens).items():
             for step, val in enumerate(values):
@@ -225,6 +231,6 @@ def tensorboard(summary: dict, out: Path) -> None:
     for k, val in summary["ratios"].items():
         w.add_scalar(f"ratios/{k}", val, 0)
     for n, c in summary.get("compile", {}).get("variants", {}).items():
-        w.add_scalar(f"compile/{slug(compiled_name(n))}_step_s", c["compile_step_s"], 0)
+        w.add_scalar(f"compile/{compiled_name(n)}_step_s", c["compile_step_s"], 0)
     w.add_text("results", markdown(summary), 0)
     w.close()

@@ -36,9 +36,7 @@ def summarise(raw: dict, shape: Shape, world: int, device: str, backend: str | N
             ratios.update(_efficiency_ratio(eff_c, COMPILED, "_compiled"))
         out["compile"] = _compile_summary(raw, v, backend)
         for n, c in out["compile"]["variants"].items():
-            ratios[f"{slug(n)}_compiled_vs_eager_tokens_per_s"] = c[
-                "compiled_vs_eager_tokens_per_s"
-            ]
+            ratios[f"{n}_compiled_vs_eager_tokens_per_s"] = c["compiled_vs_eager_tokens_per_s"]
     out["ratios"] = ratios
     return out
 
@@ -66,11 +64,11 @@ def _variant_stats(r: dict, tokens: int) -> dict:
 
 
 def _plan_ratios(v: dict, suffix: str, key_suffix: str) -> dict:
-    """The plan comparisons among the variants named ``<name><suffix>`` (eager: "",
-    compiled: COMPILED), keyed ``<ratio><key_suffix>``."""
-    btp, vanilla, full = "btp" + suffix, "vanilla" + suffix, "fullrank (dense twin)" + suffix
-    ungrouped, sync = "btp ungrouped" + suffix, "btp sync-norm" + suffix
-    sp = "btp sp" + suffix
+    """The plan comparisons among the variants ``<id><suffix>`` (eager: "", compiled:
+    COMPILED), keyed ``<ratio><key_suffix>``."""
+    btp, vanilla, full = "btp" + suffix, "vanilla" + suffix, "fullrank" + suffix
+    ungrouped, sync = "btp-ungrouped" + suffix, "btp-sync-norm" + suffix
+    sp = "btp-sp" + suffix
     ratios = {}
     if btp in v and vanilla in v:
         ratios["btp_vs_vanilla_tokens_per_s"] = v[btp]["tokens_per_s"] / v[vanilla]["tokens_per_s"]
@@ -105,10 +103,10 @@ def _checkpoint_efficiency(v: dict, raw: dict, suffix: str) -> dict:
     repetition: the two ran back to back, so machine drift largely cancels."""
     eff = {}
     for ac_name, base in (
-        ("btp latent-ckpt", "btp"),
-        ("btp latent-ckpt recompute-attn", "btp"),
-        ("btp full-ac", "btp"),
-        ("vanilla full-ac", "vanilla"),
+        ("btp-latent-ckpt", "btp"),
+        ("btp-latent-ckpt-recompute-attn", "btp"),
+        ("btp-full-ac", "btp"),
+        ("vanilla-full-ac", "vanilla"),
     ):
         ac_name, base = ac_name + suffix, base + suffix
         if ac_name in v and base in v:
@@ -128,7 +126,7 @@ def _checkpoint_efficiency(v: dict, raw: dict, suffix: str) -> dict:
 
 
 def _efficiency_ratio(eff: dict, suffix: str, key_suffix: str) -> dict:
-    latent, full = "btp latent-ckpt" + suffix, "vanilla full-ac" + suffix
+    latent, full = "btp-latent-ckpt" + suffix, "vanilla-full-ac" + suffix
     if (
         latent in eff
         and full in eff
@@ -188,11 +186,3 @@ def loss_mismatches(summary: dict) -> list[str]:
         for n, c in rows.items()
         if not c["loss_match"]
     ]
-
-
-def slug(name: str) -> str:
-    """A variant name as a key or TensorBoard tag: 'fullrank (dense twin) [compiled]'
-    -> 'fullrank_dense_twin_compiled'."""
-    for ch in "()[]":
-        name = name.replace(ch, "")
-    return name.strip().replace(" ", "_")

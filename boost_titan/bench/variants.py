@@ -11,36 +11,88 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 VARIANTS = {
-    # name: (architecture, plan, group_linears, rmsnorm, activation checkpointing);
-    # plan "btp_sp": btp with [boost] sequence_parallel (the planner's name for it)
+    # id: (architecture, plan, group_linears, rmsnorm, activation checkpointing);
+    # plan "btp_sp": btp with [boost] sequence_parallel (the planner's name for it).
+    # An id is the one spelling of a variant everywhere: the --variants value, the keys
+    # of raw.json and results.json, results.md's rows, the TensorBoard run tb/<id>/.
     "btp": ("cola", "btp", True, "online", "none"),
-    "btp sp": ("cola", "btp_sp", True, "online", "none"),
+    "btp-sp": ("cola", "btp_sp", True, "online", "none"),
     "vanilla": ("cola", "vanilla", True, "online", "none"),
-    "fullrank (dense twin)": ("dense", "fullrank", True, "online", "none"),
-    "btp ungrouped": ("cola", "btp", False, "online", "none"),
-    "btp sync-norm": ("cola", "btp", True, "sync", "none"),
-    "btp latent-ckpt": ("cola", "btp", True, "online", "latent"),
-    "btp latent-ckpt recompute-attn": ("cola", "btp", True, "online", "latent recompute-attn"),
-    "btp full-ac": ("cola", "btp", True, "online", "full"),
-    "vanilla full-ac": ("cola", "vanilla", True, "online", "full"),
+    "fullrank": ("dense", "fullrank", True, "online", "none"),
+    "btp-ungrouped": ("cola", "btp", False, "online", "none"),
+    "btp-sync-norm": ("cola", "btp", True, "sync", "none"),
+    "btp-latent-ckpt": ("cola", "btp", True, "online", "latent"),
+    "btp-latent-ckpt-recompute-attn": ("cola", "btp", True, "online", "latent recompute-attn"),
+    "btp-full-ac": ("cola", "btp", True, "online", "full"),
+    "vanilla-full-ac": ("cola", "vanilla", True, "online", "full"),
+}
+DESCRIPTIONS = {  # id -> what it is, for results.md's legend
+    "btp": "CoLA model, BTP plan (grouped latent linears, Online-RMSNorm)",
+    "btp-sp": "btp with sequence-parallel latents ([boost] sequence_parallel)",
+    "vanilla": "the same CoLA model, vanilla low-rank TP",
+    "fullrank": "full-rank dense twin, torchtitan Megatron+SP plan",
+    "btp-ungrouped": "btp without grouped latent linears",
+    "btp-sync-norm": "btp with synchronous RMSNorm (rmsnorm = sync)",
+    "btp-latent-ckpt": "btp with latent checkpointing, attention output kept",
+    "btp-latent-ckpt-recompute-attn": "btp with latent checkpointing, attention recomputed",
+    "btp-full-ac": "btp with torchtitan's full activation checkpointing",
+    "vanilla-full-ac": "vanilla with torchtitan's full activation checkpointing",
 }
 DEFAULT_VARIANTS = (
     "btp",
     "vanilla",
-    "fullrank (dense twin)",
-    "btp ungrouped",
-    "btp sync-norm",
-    "btp sp",
+    "fullrank",
+    "btp-ungrouped",
+    "btp-sync-norm",
+    "btp-sp",
 )
 AC_VARIANTS = (
     "btp",
-    "btp latent-ckpt",
-    "btp latent-ckpt recompute-attn",
-    "btp full-ac",
+    "btp-latent-ckpt",
+    "btp-latent-ckpt-recompute-attn",
+    "btp-full-ac",
     "vanilla",
-    "vanilla full-ac",
+    "vanilla-full-ac",
 )
-COMPILED = " [compiled]"  # suffix of a variant's torch.compile'd twin
+GROUPS = {"default": DEFAULT_VARIANTS, "ac": AC_VARIANTS}  # --variants shorthands
+# the names before the variants had ids (published results under benchmarks/ keep them)
+RENAMED = {
+    "btp sp": "btp-sp",
+    "fullrank (dense twin)": "fullrank",
+    "btp ungrouped": "btp-ungrouped",
+    "btp sync-norm": "btp-sync-norm",
+    "btp latent-ckpt": "btp-latent-ckpt",
+    "btp latent-ckpt recompute-attn": "btp-latent-ckpt-recompute-attn",
+    "btp full-ac": "btp-full-ac",
+    "vanilla full-ac": "vanilla-full-ac",
+}
+COMPILED = "-compiled"  # suffix of a variant's torch.compile'd twin: btp -> btp-compiled
+
+
+def resolve_variants(spec: str) -> list[str]:
+    """``--variants``' comma list of ids and group names -> the ids, in order, each once;
+    ValueError naming the first unknown entry (and its id, if it is an old name)."""
+    names: list[str] = []
+    for item in (s.strip() for s in spec.split(",")):
+        for n in GROUPS.get(item, (item,)):
+            if n not in VARIANTS:
+                raise ValueError(_unknown(n))
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _unknown(name: str) -> str:
+    if name in RENAMED:
+        hint = f" (renamed: use {RENAMED[name]!r})"
+    elif is_compiled(name) and base_name(name) in VARIANTS:
+        hint = f" (compiled twins come from --compile: use {base_name(name)!r} with --compile)"
+    else:
+        hint = ""
+    return (
+        f"unknown benchmark variant {name!r}{hint}; valid: {', '.join(VARIANTS)}; "
+        f"groups: {', '.join(GROUPS)}"
+    )
 
 
 def compiled_name(name: str) -> str:
@@ -48,7 +100,7 @@ def compiled_name(name: str) -> str:
 
 
 def base_name(name: str) -> str:
-    """The VARIANTS key of a (possibly compiled) variant name."""
+    """The VARIANTS key of a (possibly compiled) variant id."""
     return name.removesuffix(COMPILED)
 
 
@@ -128,7 +180,8 @@ SMOKE = Shape(dim=128, ffn_dim=344, n_heads=8, rank=32, n_layers=2, vocab_size=5
 
 def build_variant(name: str, shape: Shape, mesh, device, backend: str = "inductor"):
     """Model, AdamW, parameter bytes per rank and loss function of a variant; a
-    ``[compiled]`` one is compiled after TP and checkpointing, as the trainer does."""
+    compiled twin (``<id>-compiled``) is compiled after TP and checkpointing, as the
+    trainer does."""
     from torch.distributed.tensor import DTensor
 
     from boost_titan.models.model import Transformer
