@@ -20,7 +20,7 @@ The config (model name, flavor, ``[boost]`` rank options) defines the model the 
 must fit: every parameter must be present with its exact shape, with nothing extra,
 or the command fails naming the offending tensors, before writing anything.
 
-File layout (documented in the README): one tensor per parameter under its model FQN
+File layout (documented in docs/checkpoints.md): one tensor per parameter under its model FQN
 (``tok_embeddings.weight``, ``layers.{i}.attention.wq.down.weight`` = A [r, d],
 ``layers.{i}.attention.wq.up.weight`` = B [heads*head_dim, r], so W ~= B @ A, ...),
 and string metadata: ``format`` (``boost_titan/1``), ``model_name``, ``flavor``,

@@ -25,7 +25,7 @@ folder, the item and the refused global, raised before anything is built from it
 
 Tensor items were already safe (torch reads each with ``weights_only=True``). Still
 trusted: torch's own weights-only allowlist (and anything this process adds to it with
-``torch.serialization.add_safe_globals``), and any loader outside DCP (see the README's
+``torch.serialization.add_safe_globals``), and any loader outside DCP (see docs/checkpoints.md,
 "Loading checkpoints you did not write"). When a newer torch or torchtitan saves a
 global outside these lists, the refusal names it: extend a list on purpose, never
 bypass the check.

@@ -1,4 +1,4 @@
-"""Write ``recipes/<model>_<size>.toml`` and the README's recipe table.
+"""Write ``recipes/<model>_<size>.toml`` and the recipe table (docs/recipes.md).
 
     python -m boost_titan.tools.recipes --write      # (re)write every recipe
     python -m boost_titan.tools.recipes --table      # markdown table from the dry run
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_warnings()
     ap = argparse.ArgumentParser(prog="python -m boost_titan.tools.recipes", description=__doc__)
     ap.add_argument("--write", action="store_true", help="(re)write every recipe")
-    ap.add_argument("--table", action="store_true", help="print the README's recipe table")
+    ap.add_argument("--table", action="store_true", help="print docs/recipes.md's table")
     ap.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
     ap.add_argument("--headroom", type=float, default=0.1)
     ap.add_argument("--only", nargs="*", default=None, help="recipe names to write")
