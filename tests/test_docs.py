@@ -10,9 +10,12 @@ Checked, statically (well under a second, nothing imports torch):
 - every relative link and image points to an existing file inside the repository, and
   a ``#anchor`` into a markdown file names one of its headings (GitHub's slugs).
 
-Not checked: that the commands run and do what the docs say. Each one imports torch and
-torchtitan (and most launch ranks), minutes in all; the tests of each tool cover their
-behaviour (e.g. tests/test_checkpoint_options.py runs the README's fine-tuning example).
+Not run here: the commands themselves. Each one imports torch and torchtitan (and most
+launch ranks), minutes in all. Instead every command of the README's ```bash blocks is
+listed in README_COMMANDS with the test that runs it (or the same run without ``make``,
+or its flags separately), or the reason none does (SLURM, a server, a minutes-long
+tokenizer build); a README command missing there, or a test named there that does not
+exist, fails.
 """
 
 import importlib.util
@@ -114,3 +117,55 @@ def test_slug_matches_github():
     assert _slug("One-command GPU check (`benchmarks/gpu_check.sh`)") == (
         "one-command-gpu-check-benchmarksgpu_checksh"
     )
+
+
+# Each command of the README's ```bash blocks and what runs it in the suite: a test
+# (``tests/<file>.py::<function>``, which must exist) or why none does. A new README
+# command fails test_every_readme_command_is_run_or_excused until it is listed here.
+README_COMMANDS = {
+    "make train NGPU=1": "the same run without make: "
+    "tests/test_lowrank_train.py::test_single_process_20_steps (svd, 1 process, 20 steps)",
+    "make train": "set-up: .ci/run's `make setup data`; the run (run_train.sh, 2 ranks, "
+    "the default config): tests/test_train_e2e.py::test_default_run_is_reproducible",
+    "make test": ".ci/run runs it for every submission",
+    ".venv/bin/python -m boost_titan.data build --vocab-size": "excused: training a "
+    "32000-token tokenizer takes minutes; the 8192-token build is .ci/run's `make data` "
+    "(tests/test_corpus.py::test_manifest_layout checks it)",
+    "CONFIG_FILE=train_configs/debug_lax_pp2.toml": "the config on 2 ranks: "
+    "tests/test_lowrank_train.py::test_lax_pp2_matches_single_process",
+    "NGPU=2 ./run_train.sh --boost.no-group-linears": "its flags, separately: --boost.log_comm "
+    "in tests/test_btp_e2e.py::test_cola_btp_tp2_matches_single_process; ungrouped and "
+    "sync-norm numerics in tests/test_btp.py::test_btp_matches_single_device",
+    ".venv/bin/python -m boost_titan.dryrun --config recipes/": "every recipe: "
+    "tests/test_dryrun.py::test_every_recipe_fits_at_its_world_size",
+    "PYTHON=$PWD/.venv/bin/python sbatch": "excused: needs SLURM and GPUs",
+    ".venv/bin/tensorboard": "excused: a server; the events it shows are checked by "
+    "tests/test_train_e2e.py::test_tp2_tensorboard_scalars",
+    "NGPU=2 ./run_train.sh --checkpoint.enable": "the fine-tuning example, all four commands: "
+    "tests/test_checkpoint_options.py::test_keep_latest_k_and_the_readme_fine_tuning_example",
+    ".venv/bin/python -m boost_titan.checkpoint export": "the fine-tuning example (above)",
+    ".venv/bin/python -m boost_titan.checkpoint import": "the fine-tuning example (above)",
+}
+
+
+def _readme_commands() -> list[str]:
+    """The README's ```bash commands, continuation lines joined, comments dropped."""
+    out = []
+    for block in re.findall(r"^```bash$(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        out += [ln.split("  #")[0].strip() for ln in joined.splitlines() if ln.strip()]
+    return out
+
+
+def test_every_readme_command_is_run_or_excused():
+    """Each README command is listed in README_COMMANDS (its longest matching prefix),
+    and each test named there exists."""
+    commands = _readme_commands()
+    assert len(commands) >= 10, commands
+    for command in commands:
+        keys = [k for k in README_COMMANDS if command.startswith(k)]
+        assert keys, f"README command {command!r}: add what runs it to README_COMMANDS"
+    for where in README_COMMANDS.values():
+        for path, func in re.findall(r"(tests/\w+\.py)::(\w+)", where):
+            source = (ROOT / path).read_text()
+            assert re.search(rf"^def {func}\(", source, re.M), f"{path}::{func} does not exist"
