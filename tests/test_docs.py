@@ -13,8 +13,8 @@ Checked, statically (well under a second, nothing imports torch):
 Not run here: the commands themselves. Each one imports torch and torchtitan (and most
 launch ranks), minutes in all. Instead every command of the README's ```bash blocks is
 listed in README_COMMANDS with the test that runs it (or the same run without ``make``,
-or its flags separately), or the reason none does (SLURM, a server, a minutes-long
-tokenizer build); a README command missing there, or a test named there that does not
+or its flags separately), or the reason none does (SLURM, a server, a second corpus
+build); a README command missing there, or a test named there that does not
 exist, fails.
 """
 
@@ -128,8 +128,8 @@ README_COMMANDS = {
     "make train": "set-up: .ci/run's `make setup data`; the run (run_train.sh, 2 ranks, "
     "the default config): tests/test_train_e2e.py::test_default_run_is_reproducible",
     "make test": ".ci/run runs it for every submission",
-    ".venv/bin/python -m boost_titan.data build --vocab-size": "excused: training a "
-    "32000-token tokenizer takes minutes; the 8192-token build is .ci/run's `make data` "
+    ".venv/bin/python -m boost_titan.data build --vocab-size": "excused: a second "
+    "corpus copy and tokenizer no test needs (18 s); the 8192-token build is .ci/run's `make data` "
     "(tests/test_corpus.py::test_manifest_layout checks it)",
     "CONFIG_FILE=train_configs/debug_lax_pp2.toml": "the config on 2 ranks: "
     "tests/test_lowrank_train.py::test_lax_pp2_matches_single_process",
