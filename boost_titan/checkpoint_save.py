@@ -219,8 +219,18 @@ def describe(
     if named:
         e = next(iter(named.values()))
         name = errno.errorcode.get(e.errno, f"errno {e.errno}")
-        files = [f"{os.path.basename(str(e.filename))} (rank {r})" for r, e in named.items()]
-        target = f" writing {', '.join(files)}" if e.filename else f" {where}"
+        # an OSError may carry no file name (a write on a bare descriptor, a flush):
+        # which rank's does is a race when both fill the same disk
+        files = [
+            f"{os.path.basename(str(x.filename))} (rank {r})"
+            for r, x in named.items()
+            if x.filename
+        ]
+        unnamed = [r for r, x in named.items() if not x.filename]
+        if unnamed:
+            s = "s" if len(unnamed) > 1 else ""
+            files.append(f"an unnamed file on rank{s} {', '.join(map(str, unnamed))}")
+        target = f" writing {', '.join(files)}" if len(unnamed) < len(named) else f" {where}"
         return name, f"{name} ({e.strerror}){target}"
     # only torch's zip writer's message is left: ask the filesystem
     if free_after_failure < still_to_write:
