@@ -3,13 +3,15 @@
 #                ranks (2+ GPUs, or 2 CPU ranks without a GPU), CoLA on 1 process with
 #                one GPU (run_train.sh picks; NGPU=... / CONFIG_FILE=... override)
 #   make test    run the whole test suite
+#   make eval MODEL=DIR   lm-eval perplexity of an exported Hugging Face folder on the
+#                validation split (python -m boost_titan.eval; ARGS=... adds options)
 #   make lint    ruff lint + format check (CI runs it before the tests)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.boost-installed
 
-.PHONY: setup data train test lint format clean-outputs
+.PHONY: setup data train test eval lint format clean-outputs
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +31,10 @@ train: data
 
 test: data
 	$(PY) -m pytest -q tests --durations=30 $(ARGS)
+
+eval: data
+	@test -n "$(MODEL)" || { echo 'make eval: set MODEL=<exported Hugging Face folder>'; exit 2; }
+	$(PY) -m boost_titan.eval --model $(MODEL) $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check boost_titan tests benchmarks
