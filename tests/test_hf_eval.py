@@ -1,0 +1,87 @@
+"""lm-eval on an exported folder, offline (``python -m boost_titan.eval``): the perplexity
+task's figures equal what the trainer's own model computes on the same documents.
+
+The reference is independent of lm-eval and of the exported ``transformers`` class: the
+trainer's ``Transformer`` scores each document with the windows lm-eval's rolling
+log-likelihood uses (``max_length`` tokens per window, one token of context between
+windows, BOS before the first, a short last window filled with earlier context), and the
+perplexities follow from their definitions: byte = exp(NLL / UTF-8 bytes), word =
+exp(NLL / whitespace-separated words).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import torch
+from test_hf_export import _ours
+
+from boost_titan import eval as boost_eval
+from boost_titan.hf.folder import write_hf_folder
+
+LIMIT = 2  # documents of ~3000 tokens each: 24 windows of 128
+
+
+def _rolling_nll(model, ids: list[int], bos: int, max_len: int) -> float:
+    """Sum of -log p(token) over every token of one document, window by window: each
+    window predicts the next ``max_len`` tokens (the last one fewer) from ``max_len``
+    inputs, i.e. one token of context, BOS for the first; the last window, when shorter,
+    keeps ``max_len`` inputs by taking more context from before it."""
+    stream = [bos, *ids]  # stream[i] is the input that predicts ids[i]
+    total = 0.0
+    for start in range(0, len(ids), max_len):
+        end = min(start + max_len, len(ids))
+        first_input = max(0, end - max_len)
+        inputs = stream[first_input:end]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([inputs])).float(), dim=-1)[0]
+        predicted = logp[start - first_input :]
+        total -= predicted.gather(1, torch.tensor(ids[start:end])[:, None]).sum().item()
+    return total
+
+
+def test_lm_eval_perplexity_equals_the_trainers_model(tmp_path, corpus_dir):
+    from transformers import AutoTokenizer
+
+    model = _ours("cola", "debugmodel_gqa", "kron")  # max_seq_len 64: several windows per doc
+    folder = write_hf_folder(
+        model.state_dict(), model.model_args, "boost", corpus_dir / "tokenizer", tmp_path / "hf"
+    )
+    out = tmp_path / "eval.json"
+    argv = ["--model", str(folder), "--limit", str(LIMIT), "--output", str(out)]
+    assert boost_eval.main(argv) == 0
+    result = json.loads(out.read_text())
+    metrics = result["results"]["boost_corpus_ppl"]
+
+    docs = boost_eval.documents(boost_eval.ppl_task(), "text", LIMIT)
+    tok = AutoTokenizer.from_pretrained(folder)
+    max_len = model.model_args.max_seq_len
+    nll = sum(
+        _rolling_nll(
+            model, tok(d, add_special_tokens=False)["input_ids"], tok.bos_token_id, max_len
+        )
+        for d in docs
+    )
+    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    n_words = sum(len(re.split(r"\s+", d)) for d in docs)
+    n_tokens = sum(len(tok(d, add_special_tokens=False)["input_ids"]) for d in docs)
+    assert n_tokens > 4 * max_len  # rolling windows really exercised
+
+    assert math.isclose(metrics["byte_perplexity,none"], math.exp(nll / n_bytes), rel_tol=1e-5)
+    assert math.isclose(metrics["word_perplexity,none"], math.exp(nll / n_words), rel_tol=1e-5)
+    assert math.isclose(metrics["bits_per_byte,none"], nll / n_bytes / math.log(2), rel_tol=1e-5)
+    conv = result["conversion"]
+    assert (conv["documents"], conv["bytes"], conv["tokens"]) == (LIMIT, n_bytes, n_tokens)
+    assert math.isclose(conv["nats_per_token"], nll / n_tokens, rel_tol=1e-5)
+
+
+def test_bad_model_folder_and_data_are_one_line(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match=r"is not a Hugging Face folder \(no config.json"):
+        boost_eval.main(["--model", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"--data .*must be an existing file.*suffix '.csv'"):
+        (tmp_path / "x.csv").write_text("a\n")
+        boost_eval.ppl_task(str(tmp_path / "x.csv"))
