@@ -108,7 +108,8 @@ def test_loads_through_the_trainers_function(tok_dir):
 
 
 def test_short_training_run(tok_dir, corpus, tmp_path):
-    """Two steps of the debug model on the user's data with the user's tokenizer."""
+    """Two steps of the debug model on the user's data with the user's tokenizer, and a
+    validation pass (through boost_titan's validator) on the same data."""
     from helpers import run_training
 
     data = tmp_path / "train.jsonl"
@@ -125,10 +126,16 @@ def test_short_training_run(tok_dir, corpus, tmp_path):
         str(data),
         "--training.steps",
         "2",
-        "--validation.no-enable",
+        "--validation.dataset",
+        "local_text",
+        "--validation.dataset_path",
+        str(data),
+        "--validation.steps",
+        "1",
         "--checkpoint.no-enable",
     )
     losses = run.losses()
+    assert run.val_loss, "no validation loss logged"
     assert len(losses) == 2
     # a fresh model predicts ~uniformly over the flavor's 8192 rows: loss ~ ln 8192 = 9.01
     assert 8.0 < losses[0] < 10.0
