@@ -27,7 +27,8 @@ of torchtitan's loader over a generated jsonl corpus, against what the recipes c
    the trainer's MFU use (``LlamaArgs.flops_per_token``) at ``--gpu-tflops`` x ``--mfu``,
    and from the BOOST paper's published 7B step time (``shared/design/boost.md`` section 7:
    A100, seq 4096, micro-batch 4, TP4, CoLA under BOOST 0.72 s/iteration), and the margin
-   = loader tokens/s / tokens/s a rank's loader must give. With ``num_workers = 0``
+   = the streamed loader's tokens/s (0 workers; per wall second here, and per CPU-second
+   of the loader: one uncontended core) / what a rank's loader must give. With ``num_workers = 0``
    (torchtitan's default) the loader runs inside the training step: its share of each
    step is 1 / margin.
 
@@ -108,7 +109,7 @@ def make_corpus(root: Path, size_gb: float, n_files: int) -> tuple[list[str], li
         written = 0
         with open(path, "wb") as f:
             while written < per_file:
-                chunk = b"".join(rng.choices(lines, k=256))
+                chunk = b"".join(rng.choices(lines, k=16))
                 f.write(chunk)
                 written += len(chunk)
         files.append(str(path))
@@ -139,7 +140,9 @@ def tokenize_rates(tok, texts: list[str], mb: float) -> dict[str, float]:
 
 
 def measure_loader(name: str, load, tok, seq: int, batch: int, seconds: float, workers: int):
-    """(seconds to the first batch incl. ``load``, steady tokens/s, batches timed)."""
+    """(seconds to the first batch incl. ``load``, steady tokens/s, steady tokens per
+    CPU-second of this process (0 workers: what one uncontended core gives; with workers
+    their CPU time is elsewhere: None), batches timed)."""
     from torchtitan.components.dataloader import ParallelAwareDataloader
     from torchtitan.hf_datasets import DatasetConfig
     from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
@@ -155,13 +158,14 @@ def measure_loader(name: str, load, tok, seq: int, batch: int, seconds: float, w
     x, _ = next(it)
     first = time.perf_counter() - t0
     assert x["input"].shape == (batch, seq)
-    t1, n = time.perf_counter(), 0
+    t1, c1, n = time.perf_counter(), time.process_time(), 0
     while time.perf_counter() - t1 < seconds:
         next(it)
         n += 1
     rate = n * batch * seq / (time.perf_counter() - t1)
+    cpu_rate = n * batch * seq / (time.process_time() - c1) if workers == 0 else None
     del it, dl
-    return first, rate, n
+    return first, rate, cpu_rate, n
 
 
 def _text(sample) -> str:
@@ -262,13 +266,13 @@ def main() -> int:
         )
         print(
             f"{'mode':<11} {'workers':>7} {'seq':>5} {'first batch s':>13} {'tokens/s':>10} "
-            f"{'batches':>7} {'+HF cache GB':>12}"
+            f"{'tokens/CPU-s':>12} {'batches':>7} {'+HF cache GB':>12}"
         )
         cases = [(m, 0) for m in modes] + [("streaming", w) for w in a.workers if w > 0]
         for mode, workers in cases:
             for seq in a.seq:
                 before = du_bytes(cache) if cache.exists() else 0
-                first, rate, n = measure_loader(
+                first, rate, cpu_rate, n = measure_loader(
                     f"bench_{mode}", loaders[mode], tok, seq, a.batch, a.seconds, workers
                 )
                 # what this case added to the HF cache (arrow: its conversion, first seq)
@@ -280,13 +284,14 @@ def main() -> int:
                         "seq": seq,
                         "first_s": first,
                         "tokens_s": rate,
+                        "tokens_per_cpu_s": cpu_rate,
                         "batches": n,
                         "cache_gb": cache_gb,
                     }
                 )
                 print(
                     f"{mode:<11} {workers:>7} {seq:>5} {first:>13.2f} {rate:>10,.0f} "
-                    f"{n:>7} {cache_gb:>12.2f}",
+                    f"{f'{cpu_rate:,.0f}' if cpu_rate else '-':>12} {n:>7} {cache_gb:>12.2f}",
                     flush=True,
                 )
 
@@ -296,31 +301,36 @@ def main() -> int:
             f"planner's and the trainer's MFU formula) at {a.gpu_tflops:.0f} TFLOP/s x MFU "
             f"{a.mfu:.2f} per GPU; a rank's loader feeds its TP x PP group"
         )
-        best0 = {
-            s: max(r["tokens_s"] for r in results if r["seq"] == s and r["workers"] == 0)
-            for s in a.seq
-        }
+        # the margin is the streamed loader's (local_text's path once it streams), 0 workers
+        ref = {r["seq"]: r for r in results if r["mode"] == "streaming" and r["workers"] == 0}
         print(
             f"{'recipe':<16} {'GFLOP/tok':>9} {'TPxPP':>5} {'tok/s/GPU':>10} "
-            f"{'loader needs':>12} {'margin (best 0-worker loader at seq)':>37}"
+            f"{'loader needs':>12} {'margin wall':>11} {'margin CPU-s':>12}"
         )
+
+        def margins(seq: int, need: float) -> str:
+            r = ref.get(seq)
+            if r is None:
+                return f"{'(seq not measured)':>24}"
+            return f"{r['tokens_s'] / need:>10.1f}x {r['tokens_per_cpu_s'] / need:>11.1f}x"
+
         for d in demand:
-            have = best0.get(d["seq"])
-            margin = f"{have / d['loader_tokens_s']:.1f}x" if have else "(seq not measured)"
             print(
                 f"{d['recipe']:<16} {d['flops_per_token'] / 1e9:>9.2f} {d['tp_pp']:>5} "
-                f"{d['gpu_tokens_s']:>10,.0f} {d['loader_tokens_s']:>12,.0f} {margin:>37}"
+                f"{d['gpu_tokens_s']:>10,.0f} {d['loader_tokens_s']:>12,.0f} "
+                f"{margins(d['seq'], d['loader_tokens_s'])}"
             )
         need = PAPER_7B["tokens"] / PAPER_7B["seconds"]
-        have = best0.get(4096)
         print(
             f"published: BOOST paper 7B CoLA TP4 on A100, 0.72 s/iteration at micro-batch 4 x "
-            f"seq 4096 (shared/design/boost.md s7): a rank's loader needs {need:,.0f} tokens/s"
-            + (f"; margin {have / need:.1f}x" if have else "")
+            f"seq 4096 (shared/design/boost.md s7): a rank's loader needs {need:,.0f} tokens/s; "
+            f"margin wall, CPU-s: {' '.join(margins(4096, need).split())}"
         )
         print(
-            "margin < 1: the loader is the bottleneck; with num_workers = 0 the loader runs "
-            "inside each step and costs 1/margin of it"
+            "margin = streamed loader (0 workers) tokens/s / what a rank's loader must give; "
+            "wall: on this machine now, CPU-s: per CPU-second of the loader (one free core). "
+            "< 1: the loader is the bottleneck; with num_workers = 0 the loader runs inside "
+            "each step and costs 1/margin of it"
         )
         (root / "results.json").write_text(
             json.dumps({"tokenize": enc, "loader": results, "demand": demand}, indent=2)
