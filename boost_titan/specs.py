@@ -12,10 +12,10 @@ from torchtitan.components.lr_scheduler import build_lr_schedulers
 from torchtitan.components.tokenizer import build_hf_tokenizer
 from torchtitan.components.validate import Validator
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
-from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
 
 from boost_titan import cpu_runtime, datasets
+from boost_titan.dataloader_workers import build_text_dataloader, check_workers
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.optim import build_optimizers
@@ -46,6 +46,7 @@ class RepeatableValidator(Validator):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        check_workers(self.validation_dataloader, "validation", self.job_config.validation.dataset)
         self._start_state = self.validation_dataloader.state_dict()
 
     def validate(self, model_parts, step):

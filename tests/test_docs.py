@@ -131,6 +131,9 @@ README_COMMANDS = {
     ".venv/bin/python -m boost_titan.data build --vocab-size": "excused: a second "
     "corpus copy and tokenizer no test needs (18 s); the 8192-token build is .ci/run's `make data` "
     "(tests/test_corpus.py::test_manifest_layout checks it)",
+    ".venv/bin/python -m boost_titan.data tokenizer": "the same command in-process on a "
+    "generated corpus: tests/test_data_tokenizer.py::test_folder_specials_round_trip; its "
+    "folder trains: tests/test_data_tokenizer.py::test_short_training_run",
     "CONFIG_FILE=train_configs/debug_lax_pp2.toml": "the config on 2 ranks: "
     "tests/test_lowrank_train.py::test_lax_pp2_matches_single_process",
     "NGPU=2 ./run_train.sh --boost.no-group-linears": "its flags, separately: --boost.log_comm "

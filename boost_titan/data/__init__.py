@@ -12,8 +12,10 @@ One module per job:
     tokenizer   byte-level BPE training and its checks (BOS=0, EOS=1)
     manifest    corpus folder paths, manifest reading, readiness, summary
     build       build_corpus: all of the above into a folder, atomically, under a lock
+    text_files      a user's .jsonl/.json/.txt/.parquet files, read one document at a time
+    user_tokenizer  the tokenizer trained on those files (``python -m boost_titan.data tokenizer``)
 
-``python -m boost_titan.data build|info`` is the command line (``__main__``).
+``python -m boost_titan.data build|info|tokenizer`` is the command line (``__main__``).
 """
 
 from boost_titan.data.build import build_corpus  # noqa: F401

@@ -1,4 +1,5 @@
-"""``python -m boost_titan.data build|info`` -- build or describe the embedded corpus."""
+"""``python -m boost_titan.data build|info|tokenizer`` -- build or describe the embedded corpus,
+or train a tokenizer on your own files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from boost_titan.data.build import build_corpus
 from boost_titan.data.manifest import ENV_DATA_DIR, default_corpus_dir, format_manifest, read_manifest
 from boost_titan.data.sources import CorpusBuildError
-from boost_titan.data.tokenizer import DEFAULT_VOCAB_SIZE
+from boost_titan.data.tokenizer import DEFAULT_VOCAB_SIZE, MIN_VOCAB_SIZE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,30 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--out", default=None, help=out_help)
     i.add_argument("--json", action="store_true", help="print the raw manifest")
 
+    t = sub.add_parser(
+        "tokenizer",
+        help="train a byte-level BPE tokenizer on your own files, streaming them",
+        description="Train a byte-level BPE tokenizer (BOS id 0, EOS id 1) on your own "
+        ".jsonl/.json/.txt/.parquet files, reading them one document at a time, and write "
+        "the folder [model] hf_assets_path takes.",
+    )
+    t.add_argument("--from", dest="source", required=True, metavar="PATH",
+                   help="a .jsonl/.json/.txt/.parquet file or a folder of them (searched recursively)")
+    t.add_argument("--text-field", default="text",
+                   help="the field holding each document's text (default %(default)s; .txt: whole file)")
+    t.add_argument("--vocab-size", type=int, required=True,
+                   help=f"tokens in the vocabulary (>= {MIN_VOCAB_SIZE}; the recipes' flavors take 32000)")
+    t.add_argument("--out", required=True, help="tokenizer folder to write")
+    sample = t.add_mutually_exclusive_group()
+    sample.add_argument("--sample-docs", type=int, default=None,
+                        help="train on at most this many documents, spread over the files")
+    sample.add_argument("--sample-bytes", type=float, default=None,
+                        help="train on at most this many bytes of text (e.g. 2e9), spread over the files")
+    t.add_argument("--force", action="store_true", help="overwrite the tokenizer files in a non-empty --out")
+
     args = parser.parse_args(argv)
+    if args.cmd == "tokenizer":
+        return _tokenizer(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.cmd == "build":
@@ -48,6 +72,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no corpus manifest in {out}; run `python -m boost_titan.data build`", file=sys.stderr)
         return 1
     print(json.dumps(manifest, indent=2) if args.json else f"{out}\n{format_manifest(manifest)}")
+    return 0
+
+
+def _tokenizer(args) -> int:
+    from pathlib import Path
+
+    from boost_titan.data.user_tokenizer import summary, train_user_tokenizer
+
+    sample_bytes = None if args.sample_bytes is None else int(args.sample_bytes)
+    try:
+        info = train_user_tokenizer(args.source, args.out, args.vocab_size, args.text_field,
+                                    args.sample_docs, sample_bytes, args.force)
+    except CorpusBuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(summary(info, Path(args.out).expanduser().absolute()))
     return 0
 
 

@@ -103,9 +103,7 @@ def _build_into(tmp: Path, vocab_size: int, cache: Path) -> dict[str, Any]:
     logger.info("training byte-level BPE tokenizer (vocab %d) on %d train docs", vocab_size, len(train))
     tok = tokenizer.train_tokenizer([d.text for d in train], vocab_size)
     tok_dir = tmp / TOKENIZER_DIR
-    tok_dir.mkdir()
-    tok.save(str(tok_dir / "tokenizer.json"))
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer.tokenizer_config(), indent=2) + "\n")
+    tokenizer.write_tokenizer(tok, tok_dir)
     tokenizer.check_tokenizer(tok_dir, vocab_size)
     t_tok = time.perf_counter()
 
