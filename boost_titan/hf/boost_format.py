@@ -43,6 +43,8 @@ ROPE_SCALING = {
 class BoostFormat(HFFormat):
     name = "boost"
     archs = ARCHITECTURES
+    remote_code = REMOTE_FILES
+    """Files of ``boost_titan/hf/remote`` the folder writer copies beside config.json."""
 
     def config(self, args: LlamaArgs) -> dict[str, Any]:
         config = {
