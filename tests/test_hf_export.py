@@ -53,8 +53,9 @@ def _transformers_model(model: Transformer):
 
     args = model.model_args
     config = {k: v for k, v in BOOST.config(args).items() if k not in ("auto_map",)}
-    hf = BoostLlamaForCausalLM(BoostLlamaConfig(**config)).eval()
-    hf.load_state_dict(BOOST.to_hf(model.state_dict(), args), strict=True)
+    with torch.device("meta"):  # no random init: every tensor is assigned
+        hf = BoostLlamaForCausalLM(BoostLlamaConfig(**config)).eval()
+    hf.load_state_dict(BOOST.to_hf(model.state_dict(), args), strict=True, assign=True)
     return hf
 
 
@@ -89,6 +90,26 @@ def _greedy(model: Transformer, prompt: list[int], n: int, eos: int) -> list[int
             nxt = logits.argmax(-1, keepdim=True)
             tokens = torch.cat([tokens, nxt], 1)
     return tokens[0].tolist()
+
+
+def test_left_padded_batch_generates_each_row_like_ours():
+    """generate() on a left-padded batch (attention_mask with zeros): each row decodes as
+    the trainer's model decodes that prompt alone (padding masked, never NaN)."""
+    ours = _ours("lax", "debugmodel_gqa", "kron")
+    hf = _transformers_model(ours)
+    a, b = [5, 17, 300, 42, 7, 99], [8, 9, 10]
+    ids = torch.tensor([a, [0] * 3 + b])
+    mask = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])
+    out = hf.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=10,
+        do_sample=False,
+        pad_token_id=0,
+        suppress_tokens=[1],
+    )
+    for row, prompt in zip(out.tolist(), (a, b)):
+        assert row[-10:] == _greedy(ours, prompt, 10, eos=1)[-10:]
 
 
 # Runs with nothing of ours imported (asserted), offline, stdin closed: each folder loaded
