@@ -283,10 +283,13 @@ def main(argv: list[str] | None = None) -> None:
         "--from",
         dest="src",
         required=True,
-        help="DCP step folder (export) or .safetensors (import)",
+        help="DCP step folder (export), or .safetensors / HF folder with --format hf (import)",
     )
     p.add_argument(
-        "--to", dest="dst", required=True, help=".safetensors (export) or new DCP folder (import)"
+        "--to",
+        dest="dst",
+        required=True,
+        help=".safetensors / new HF folder with --format hf (export), or new DCP folder (import)",
     )
     p.add_argument(
         "--dtype", choices=sorted(_DTYPES), help="export: cast every tensor (default: as stored)"
