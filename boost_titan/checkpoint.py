@@ -8,6 +8,9 @@ verification.
         --from outputs/exported/model.safetensors --to outputs/imported/step-0
     python -m boost_titan.checkpoint verify outputs/run/checkpoint[/step-1000]
 
+With ``--format hf`` export writes, and import reads, a Hugging Face model folder
+instead of one safetensors file (``boost_titan.hf.convert``, docs/huggingface.md).
+
 ``verify`` checks every byte of a checkpoint against the checksums its save recorded
 (``boost_titan.integrity``), without loading it or any config: exit 0 when it
 verifies, 1 with one line per bad item.
@@ -240,6 +243,13 @@ def import_safetensors(job_config, path: str, out_dir: str) -> Path:
         f"file {path!r}",
         _model_desc(job_config),
     )
+    return write_dcp_model(state, out)
+
+
+def write_dcp_model(state: dict[str, torch.Tensor], out: Path) -> Path:
+    """A model-only DCP checkpoint folder at ``out`` (which must not exist), atomically."""
+    if out.exists():
+        raise FileExistsError(f"{str(out)!r} exists; import writes a new checkpoint folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _new_tmp(out, folder=True)
     try:
@@ -273,20 +283,57 @@ def main(argv: list[str] | None = None) -> None:
         "--from",
         dest="src",
         required=True,
-        help="DCP step folder (export) or .safetensors (import)",
+        help="DCP step folder (export), or .safetensors / HF folder with --format hf (import)",
     )
     p.add_argument(
-        "--to", dest="dst", required=True, help=".safetensors (export) or new DCP folder (import)"
+        "--to",
+        dest="dst",
+        required=True,
+        help=".safetensors / new HF folder with --format hf (export), or new DCP folder (import)",
     )
     p.add_argument(
         "--dtype", choices=sorted(_DTYPES), help="export: cast every tensor (default: as stored)"
     )
+    p.add_argument(
+        "--format",
+        choices=["safetensors", "hf"],
+        default="safetensors",
+        help="safetensors: one file in our layout; hf: a Hugging Face model folder "
+        "(docs/huggingface.md)",
+    )
+    p.add_argument(
+        "--hf-layout",
+        choices=["boost", "llama", "cola"],
+        help="export --format hf: the folder's layout (default: llama for llama2, cola for "
+        "cola_llama2 where available, else boost); import reads config.json's model_type",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="export --format hf: largest safetensors file before sharding (default 5GB)",
+    )
     ours, rest = p.parse_known_args(argv)
     if ours.dtype and ours.command == "import":
         p.error("--dtype applies to export only")
+    if ours.hf_layout and (ours.format != "hf" or ours.command != "export"):
+        p.error("--hf-layout applies to export --format hf only")
     try:
         job_config = parse_config(rest, layout=False)  # the model only: any layout fits
-        if ours.command == "export":
+        if ours.format == "hf":
+            from boost_titan.hf.convert import export_hf, import_hf
+
+            if ours.command == "export":
+                out = export_hf(
+                    job_config,
+                    ours.src,
+                    ours.dst,
+                    ours.hf_layout,
+                    _DTYPES.get(ours.dtype),
+                    ours.max_shard_size,
+                )
+            else:
+                out = import_hf(job_config, ours.src, ours.dst)
+        elif ours.command == "export":
             out = export_safetensors(job_config, ours.src, ours.dst, _DTYPES.get(ours.dtype))
         else:
             out = import_safetensors(job_config, ours.src, ours.dst)
