@@ -165,9 +165,25 @@ class Optimizer:
 
 
 @dataclass
+class Training:
+    """Your own corpus' settings, merged into torchtitan's ``[training]`` section
+    (``dataset = "local_text"``; ``boost_titan.local_text``)."""
+
+    dataset_text_field: str = "text"
+    """The field of each .jsonl/.json/.parquet document holding its text (also read by
+    ``[validation] dataset = "local_text"``/``"local_text_holdout"``); .txt files are one
+    document each."""
+
+    dataset_holdout_files: int = 0
+    """Hold the last N files (in path order) of ``dataset_path`` out of training; read
+    them with ``[validation] dataset = "local_text_holdout"``. 0: no holdout."""
+
+
+@dataclass
 class JobConfig:
     boost: Boost = field(default_factory=Boost)
     optimizer: Optimizer = field(default_factory=Optimizer)
+    training: Training = field(default_factory=Training)
 
 
 def validate_boost_config(boost: Boost) -> None:

@@ -12,7 +12,6 @@ from torchtitan.components.lr_scheduler import build_lr_schedulers
 from torchtitan.components.tokenizer import build_hf_tokenizer
 from torchtitan.components.validate import Validator
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
-from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
 
 from boost_titan import cpu_runtime, datasets
@@ -21,6 +20,7 @@ from boost_titan.models.model import Transformer
 from boost_titan.optim import build_optimizers
 from boost_titan.parallelize import parallelize_boost
 from boost_titan.pipeline import build_loss_fn
+from boost_titan.text_loader import build_dataloader
 
 
 class FlavorTable(dict):
@@ -65,7 +65,7 @@ def build_train_spec(model_name: str) -> TrainSpec:
         pipelining_fn=pipeline_llm,
         build_optimizers_fn=build_optimizers,
         build_lr_schedulers_fn=build_lr_schedulers,
-        build_dataloader_fn=build_text_dataloader,
+        build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_hf_tokenizer,
         build_loss_fn=build_loss_fn,
         build_validator_fn=build_validator,
