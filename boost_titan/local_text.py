@@ -164,9 +164,11 @@ def _json_documents(file: str, field: str) -> Iterator[tuple[str, str]]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line.rstrip())
             except json.JSONDecodeError as e:
-                raise CorpusError(f"local_text: {file} line {n} is not valid JSON: {e}") from None
+                raise CorpusError(
+                    f"local_text: {file} line {n} is not valid JSON ({e.msg} at column {e.colno})"
+                ) from None
             yield f"line {n}", _text_of(obj, file, f"line {n}", field)
 
 

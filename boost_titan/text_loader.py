@@ -64,6 +64,7 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
             f"rank {rank} reads documents {start}..{end - 1}"
         )
     n = len(corpus.files)
+    files = f"{n} file" + ("s" if n > 1 else "")
     what = (
         f"{n} {corpus.suffixes()} file{'s' if n > 1 else ''} ({corpus.kind}, text field "
         f"{corpus.text_field!r}), streamed (read as training consumes them, no cache copy)"
@@ -73,13 +74,14 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
     if n % world == 0:
         mine = list(corpus.files[rank::world])
         return (
-            f"{head}: {what}, sharded by file over {world} data-parallel ranks ({n} files "
+            f"{head}: {what}, sharded by file over {world} data-parallel ranks ({files} "
             f"divide by {world}): rank {rank} reads {len(mine)} files ({_names(mine)})"
         )
     return (
-        f"{head}: {what}, sharded by sample over {world} data-parallel ranks ({n} files do "
-        f"not divide by {world}): rank {rank} reads all {n} files and keeps every "
-        f"{_ordinal(world)} document from the {_ordinal(rank + 1)}"
+        f"{head}: {what}, sharded by sample over {world} data-parallel ranks ({files} "
+        f"{'does' if n == 1 else 'do'} not divide by {world}): rank {rank} reads "
+        f"{'the' if n == 1 else 'all'} {files} and keeps every {_ordinal(world)} document "
+        f"from the {_ordinal(rank + 1)}"
     )
 
 
