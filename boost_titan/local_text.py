@@ -50,6 +50,7 @@ class Corpus:
     kind: str  # "saved" (a save_to_disk folder, map-style) or "json" / "text" / "parquet"
     files: tuple[str, ...]  # the files streamed, in path order; () for "saved"
     text_field: str = "text"
+    held_out: int = 0  # files after these, held out for validation (dataset_holdout_files)
 
     @property
     def streamed(self) -> bool:
@@ -117,7 +118,7 @@ def split_holdout(corpus: Corpus, n_files: int) -> tuple[Corpus, Corpus]:
             f"{corpus.suffixes()} files and training keeps at least one"
         )
     keep = len(corpus.files) - n_files
-    train = dataclasses.replace(corpus, files=corpus.files[:keep])
+    train = dataclasses.replace(corpus, files=corpus.files[:keep], held_out=n_files)
     return train, dataclasses.replace(corpus, files=corpus.files[keep:])
 
 

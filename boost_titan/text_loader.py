@@ -59,15 +59,17 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
         start = div * rank + min(rank, mod)
         end = start + div + (1 if rank < mod else 0)
         return (
-            f"{head}: a save_to_disk folder of {n_docs} documents, map-style (memory-mapped "
+            f"{head}: a save_to_disk folder of {n_docs} documents (text field "
+            f"{corpus.text_field!r}), map-style (memory-mapped "
             f"Arrow, no copy), sharded by document range over {world} data-parallel ranks: "
             f"rank {rank} reads documents {start}..{end - 1}"
         )
     n = len(corpus.files)
     files = f"{n} file" + ("s" if n > 1 else "")
+    held = f", {corpus.held_out} more held out for validation" if corpus.held_out else ""
     what = (
-        f"{n} {corpus.suffixes()} file{'s' if n > 1 else ''} ({corpus.kind}, text field "
-        f"{corpus.text_field!r}), streamed (read as training consumes them, no cache copy)"
+        f"{files.replace(' ', ' ' + corpus.suffixes() + ' ')} ({corpus.kind}, text field "
+        f"{corpus.text_field!r}{held}), streamed (read as training consumes them, no cache copy)"
     )
     if world == 1:
         return f"{head}: {what}, one data-parallel rank: rank 0 reads every file"

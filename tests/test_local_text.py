@@ -108,6 +108,18 @@ def test_a_saved_dataset_stays_map_style(tmp_path):
     corpus = find_corpus(str(tmp_path / "saved"))
     check_corpus(corpus)
     assert not corpus.streamed and corpus.kind == "saved"
+    from datasets import Dataset as MapStyle
+
+    from boost_titan.text_loader import describe_share
+
+    assert describe_share(corpus, "local_text", 5, 1, 2) == (
+        f"local_text: {tmp_path / 'saved'}: a save_to_disk folder of 5 documents (text field "
+        "'text'), map-style (memory-mapped Arrow, no copy), sharded by document range over 2 "
+        "data-parallel ranks: rank 1 reads documents 3..4"
+    )
+    ds = _dataset(corpus, 1)
+    assert isinstance(ds._data, MapStyle) and ds._data["text"] == _docs(3, 5)[3:]
+    assert next(iter(ds))[0]["input"].shape == (16,)
 
 
 def test_text_field(tmp_path):
@@ -457,7 +469,7 @@ def test_dp2_resume_is_bitwise_with_reloops(runs):
 @pytest.mark.slow
 def test_dp2_log_lines_and_holdout_validation(runs):
     folder, one, (full, _), (sample_full, _) = runs
-    head = f"local_text: {folder}: 4 .jsonl files (json, text field 'text'), streamed (read as training consumes them, no cache copy), sharded by file over 2 data-parallel ranks (4 files divide by 2): "  # noqa: E501
+    head = f"local_text: {folder}: 4 .jsonl files (json, text field 'text', 1 more held out for validation), streamed (read as training consumes them, no cache copy), sharded by file over 2 data-parallel ranks (4 files divide by 2): "  # noqa: E501
     out = full.output
     assert head + "rank 0 reads 2 files (part-000.jsonl, part-002.jsonl)" in out
     assert head + "rank 1 reads 2 files (part-001.jsonl, part-003.jsonl)" in out
