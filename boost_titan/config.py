@@ -123,7 +123,8 @@ class Boost:
     schedule and step resume, and each data-parallel rank skips, in its new shard, as
     many documents as the saved ranks had consumed there (the total is kept); the log
     states the documents read again, the never-read ones skipped and the buffered tokens
-    dropped (``boost_titan.data_resume``). Map-style datasets (boost_corpus, local_text)."""
+    dropped (``boost_titan.data_resume``). Map-style datasets (boost_corpus, a local_text
+    save_to_disk folder); a streamed corpus (local_text files) is refused."""
 
     log_comm: bool = False
     """Count tensor-parallel collectives (count and bytes, forward/backward) on the
