@@ -234,8 +234,23 @@ def stream(corpus: Corpus):
 # Checks before the model is built
 
 
+def _parquet_first(file: str, field: str) -> str | None:
+    """The footer only: the column and the row count (reading a row would read a whole
+    column chunk, possibly hundreds of MB)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(file)
+    if meta.metadata.num_rows == 0:
+        return None
+    if field not in meta.schema_arrow.names:
+        raise _missing(file, "row 0", field, meta.schema_arrow.names)
+    return "row 0"
+
+
 def _first_document(file: str, kind: str, field: str) -> str | None:
     try:
+        if kind == "parquet":
+            return _parquet_first(file, field)
         for where, _ in _READERS[kind](file, field):
             return where
     except (OSError, UnicodeDecodeError) as e:
@@ -249,7 +264,8 @@ def _first_document(file: str, kind: str, field: str) -> str | None:
 
 def check_corpus(corpus: Corpus) -> None:
     """Every file readable with a first document holding the text field; no file
-    without documents. Reads one document per file (a saved dataset: its columns)."""
+    without documents. Reads one document per file (.parquet: its footer; a saved
+    dataset: its columns)."""
     if not corpus.streamed:
         from datasets import load_from_disk
 

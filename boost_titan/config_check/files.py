@@ -150,7 +150,11 @@ def _check_local_corpora(config, sections) -> None:
         path = t.dataset_path if s.dataset == HOLDOUT_DATASET else s.dataset_path
         try:
             corpus = corpus_for(config, section)
-            check_corpus(corpus)
+            # every rank lists the files (its loader will); only the first reads one
+            # document of each (thousands of files x hundreds of ranks on a shared
+            # filesystem): its error ends the launch
+            if os.environ.get("RANK", "0") == "0":
+                check_corpus(corpus)
         except CorpusError as e:
             why = str(e).removeprefix("local_text: ")
             cls = ConfigPathError if "does not exist" in why else ConfigError
