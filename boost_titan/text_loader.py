@@ -26,6 +26,7 @@ over nothing would hang the run).
 from __future__ import annotations
 
 from dataclasses import asdict
+from operator import itemgetter
 
 from torchtitan.hf_datasets.text_datasets import (
     HuggingFaceTextDataset,
@@ -60,15 +61,16 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
         end = start + div + (1 if rank < mod else 0)
         return (
             f"{head}: a save_to_disk folder of {n_docs} documents (text field "
-            f"{corpus.text_field!r}), map-style (memory-mapped "
-            f"Arrow, no copy), sharded by document range over {world} data-parallel ranks: "
-            f"rank {rank} reads documents {start}..{end - 1}"
+            f"{corpus.text_field!r}), map-style (memory-mapped Arrow, no copy), sharded by "
+            f"document range over {world} data-parallel ranks: rank {rank} reads documents "
+            f"{start}..{end - 1}"
         )
     n = len(corpus.files)
-    files = f"{n} file" + ("s" if n > 1 else "")
+    plural = "s" if n > 1 else ""
+    files = f"{n} file{plural}"
     held = f", {corpus.held_out} more held out for validation" if corpus.held_out else ""
     what = (
-        f"{files.replace(' ', ' ' + corpus.suffixes() + ' ')} ({corpus.kind}, text field "
+        f"{n} {corpus.suffixes()} file{plural} ({corpus.kind}, text field "
         f"{corpus.text_field!r}{held}), streamed (read as training consumes them, no cache copy)"
     )
     if world == 1:
@@ -103,9 +105,11 @@ class LocalTextDataset(HuggingFaceTextDataset):
         self._tokenizer = tokenizer
         self.seq_len = seq_len
         self.infinite = infinite
-        self._text_processor = _text
+        # a stream yields {"text": ...} whatever the field; a saved dataset has its columns
+        self._text_processor = itemgetter("text" if corpus.streamed else corpus.text_field)
         self._sample_idx = 0
         self._token_buffer: list[int] = []
+        self._empty_passes = 0
         self._share = describe_share(
             corpus, name, None if corpus.streamed else len(data), dp_rank, dp_world_size
         )
@@ -119,7 +123,7 @@ class LocalTextDataset(HuggingFaceTextDataset):
         for sample in super()._get_data_iter():
             found = True
             yield sample
-        self._empty_passes = 0 if found else getattr(self, "_empty_passes", 0) + 1
+        self._empty_passes = 0 if found else self._empty_passes + 1
         if self._empty_passes >= 2:
             raise local_text.CorpusError(
                 f"{self.dataset_name}: this data-parallel rank's share of the corpus holds "
@@ -130,10 +134,6 @@ class LocalTextDataset(HuggingFaceTextDataset):
         super().load_state_dict(state_dict)
         if "data" in state_dict:  # streamed: datasets resumes only within the saved epoch
             self._data.set_epoch(state_dict["data"]["epoch"])
-
-
-def _text(sample) -> str:
-    return sample["text"]
 
 
 # ---------------------------------------------------------------------------------------

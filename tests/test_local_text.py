@@ -105,6 +105,15 @@ def test_a_saved_dataset_stays_map_style(tmp_path):
     from datasets import Dataset
 
     Dataset.from_dict({"text": _docs(3, 5)}).save_to_disk(str(tmp_path / "saved"))
+    Dataset.from_dict({"body": _docs(4, 2)}).save_to_disk(str(tmp_path / "body"))
+    body = find_corpus(str(tmp_path / "body"), "body")
+    check_corpus(body)
+    first = next(iter(_dataset(body, 0, world=1, seq_len=4)))[0]["input"].tolist()
+    assert first == _tokenizer().encode(_docs(4, 2)[0], add_bos=True, add_eos=True)[:4]
+    with pytest.raises(
+        CorpusError, match=r"body \(every row\) has no text field 'text' \(fields: \['body'\]\)"
+    ):
+        check_corpus(find_corpus(str(tmp_path / "body")))
     corpus = find_corpus(str(tmp_path / "saved"))
     check_corpus(corpus)
     assert not corpus.streamed and corpus.kind == "saved"
@@ -147,13 +156,16 @@ def test_text_field(tmp_path):
 # Sharding over data-parallel ranks, the log line, exact resume after re-loops
 
 
-def _dataset(corpus, rank, world=2, seq_len=16):
+def _tokenizer():
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
+    return HuggingFaceTokenizer(TOKENIZER)
+
+
+def _dataset(corpus, rank, world=2, seq_len=16):
     from boost_titan.text_loader import LocalTextDataset
 
-    tokenizer = HuggingFaceTokenizer(TOKENIZER)
-    return LocalTextDataset("local_text", corpus, tokenizer, seq_len, rank, world, True)
+    return LocalTextDataset("local_text", corpus, _tokenizer(), seq_len, rank, world, True)
 
 
 def _share(corpus, rank, world=2) -> list[str]:
