@@ -179,6 +179,11 @@ class Training:
     """Hold the last N files (in path order) of ``dataset_path`` out of training; read
     them with ``[validation] dataset = "local_text_holdout"``. 0: no holdout."""
 
+    dataset_holdout_every: int = 0
+    """Hold the N-th, 2N-th, ... document of each file (1/N of the corpus) out of
+    training, for ``[validation] dataset = "local_text_holdout"`` (a one-file corpus
+    too). 0: none. Not with dataset_holdout_files."""
+
 
 @dataclass
 class JobConfig:

@@ -8,8 +8,9 @@ local_text          your own data: ``dataset_path`` = a .jsonl/.json/.txt/.parqu
                     (map-style, memory-mapped); the text is the field
                     ``[training] dataset_text_field`` (default "text"; .txt files: one
                     document per file)
-local_text_holdout  ``[validation]`` only: the last ``[training] dataset_holdout_files``
-                    files of the training corpus, which training then skips
+local_text_holdout  ``[validation]`` only: what ``[training] dataset_holdout_files``
+                    (the last N files) or ``dataset_holdout_every`` (every N-th
+                    document of each file) holds out of the training corpus
 
 Which is used when, the sharding over data-parallel ranks (by file when the file count
 divides by the dp degree, else by sample) and exact resume: ``boost_titan.text_loader``,

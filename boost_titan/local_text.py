@@ -24,8 +24,9 @@ read), and a first document without the text field. A later document without it 
 training with the same line (file and line/row).
 
 ``[training] dataset_holdout_files = N`` holds the last N files (in path order) out of
-training; ``[validation] dataset = "local_text_holdout"`` reads exactly those
-(:func:`split_holdout`).
+training (:func:`split_holdout`), ``dataset_holdout_every = N`` the N-th, 2N-th, ...
+document of each file (:func:`split_every`; also for a one-file corpus);
+``[validation] dataset = "local_text_holdout"`` reads exactly those.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Corpus:
     files: tuple[str, ...]  # the files streamed, in path order; () for "saved"
     text_field: str = "text"
     held_out: int = 0  # files after these, held out for validation (dataset_holdout_files)
+    # dataset_holdout_every = N: the N-th, 2N-th, ... document of each file is validation's
+    holdout_every: int = 0
+    held: bool = False  # with holdout_every: this corpus is those documents (else the rest)
 
     @property
     def streamed(self) -> bool:
@@ -101,6 +105,24 @@ def find_corpus(path: str, text_field: str = "text") -> Corpus:
             f"local_text: folder {path!r} mixes formats: {detail}; keep one format per corpus"
         )
     return Corpus(path, kinds.pop(), tuple(str(f) for f in files), text_field)
+
+
+def split_every(corpus: Corpus, every: int) -> tuple[Corpus, Corpus]:
+    """(training, held-out) corpora: every ``every``-th document of each file (the
+    ``every``-th, 2 ``every``-th, ...) is held out; both read every file."""
+    if not corpus.streamed:
+        raise CorpusError(
+            f"local_text: dataset_holdout_every = {every} needs a corpus of files; "
+            f"{corpus.path!r} is a save_to_disk folder (split it with "
+            "Dataset.train_test_split and point [validation] dataset_path at the test part)"
+        )
+    if every < 2:
+        raise CorpusError(
+            f"local_text: dataset_holdout_every = {every} must be >= 2 (every N-th document "
+            "of each file is held out: 1/N of the corpus)"
+        )
+    train = dataclasses.replace(corpus, holdout_every=every, held=False)
+    return train, dataclasses.replace(corpus, holdout_every=every, held=True)
 
 
 def split_holdout(corpus: Corpus, n_files: int) -> tuple[Corpus, Corpus]:
@@ -204,13 +226,17 @@ def _text_documents(file: str, field: str) -> Iterator[tuple[str, str]]:
 _READERS = {"json": _json_documents, "parquet": _parquet_documents, "text": _text_documents}
 
 
-def documents(files: list[str], kind: str, text_field: str) -> Iterator[dict]:
+def documents(
+    files: list[str], kind: str, text_field: str, every: int = 0, held: bool = False
+) -> Iterator[dict]:
     """Every document of ``files`` in order, as ``{"text": ...}``: the generator behind
-    the streamed dataset (one shard per file: ``files`` is the list it shards)."""
+    the streamed dataset (one shard per file: ``files`` is the list it shards). With
+    ``every``: only the held-out documents (``held``) or only the others."""
     read = _READERS[kind]
     for file in files:
-        for _, text in read(file, text_field):
-            yield {"text": text}
+        for i, (_, text) in enumerate(read(file, text_field)):
+            if not every or (i % every == every - 1) == held:
+                yield {"text": text}
 
 
 def stream(corpus: Corpus):
@@ -225,6 +251,8 @@ def stream(corpus: Corpus):
             "files": list(corpus.files),
             "kind": corpus.kind,
             "text_field": corpus.text_field,
+            "every": corpus.holdout_every,
+            "held": corpus.held,
         },
         features=Features({"text": Value("string")}),
     )

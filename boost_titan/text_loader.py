@@ -69,6 +69,13 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
     plural = "s" if n > 1 else ""
     files = f"{n} file{plural}"
     held = f", {corpus.held_out} more held out for validation" if corpus.held_out else ""
+    if corpus.holdout_every:
+        nth = _ordinal(corpus.holdout_every)
+        held = (
+            f", only every {nth} document of each file: held out for validation"
+            if corpus.held
+            else f", every {nth} document of each file held out for validation"
+        )
     what = (
         f"{n} {corpus.suffixes()} file{plural} ({corpus.kind}, text field "
         f"{corpus.text_field!r}{held}), streamed (read as training consumes them, no cache copy)"
@@ -147,14 +154,25 @@ def corpus_for(job_config, section: str) -> Corpus:
     training = job_config.training
     s = getattr(job_config, section)
     field = training.dataset_text_field
-    holdout = training.dataset_holdout_files
-    if s.dataset == HOLDOUT_DATASET:
-        corpus = local_text.find_corpus(training.dataset_path, field)
-        return local_text.split_holdout(corpus, holdout)[1]
-    corpus = local_text.find_corpus(s.dataset_path, field)
-    if section == "training" and holdout:
-        return local_text.split_holdout(corpus, holdout)[0]
-    return corpus
+    files, every = training.dataset_holdout_files, training.dataset_holdout_every
+    holdout = section == "training" and (files or every)
+    if s.dataset != HOLDOUT_DATASET and not holdout:
+        return local_text.find_corpus(s.dataset_path, field)
+    corpus = local_text.find_corpus(training.dataset_path, field)
+    if files and every:
+        raise local_text.CorpusError(
+            f"local_text: dataset_holdout_files = {files} and dataset_holdout_every = {every}: "
+            "hold out files or every N-th document, not both (the other 0)"
+        )
+    if not files and not every:
+        raise local_text.CorpusError(
+            f"local_text: [validation] dataset = {HOLDOUT_DATASET!r} reads what [training] "
+            "holds out, and neither dataset_holdout_files nor dataset_holdout_every is set"
+        )
+    split = (
+        local_text.split_every(corpus, every) if every else local_text.split_holdout(corpus, files)
+    )
+    return split[1 if s.dataset == HOLDOUT_DATASET else 0]
 
 
 def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):

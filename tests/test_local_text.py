@@ -5,10 +5,11 @@ validation on held-out files.
 
 Every corpus here is generated in ``tmp_path`` (a few KB). Without processes: what the
 loaders read (against the documents written), the sharding, resume after re-loops
-against an uninterrupted stream, the config-check errors. Real runs (4 launches, 2 gloo
-ranks, FSDP2, 4 steps, a checkpoint at step 2): a folder corpus sharded by file with one
-file held out for validation, and a one-file corpus sharded by sample, each resumed
-from step 2 and compared bitwise with the uninterrupted run."""
+against an uninterrupted stream, the holdouts, the config-check errors. Real runs (4
+launches, 2 gloo ranks, FSDP2, 4 steps, a checkpoint at step 2): a folder corpus sharded
+by file with one file held out for validation, and a one-file corpus sharded by sample
+with every 4th document held out, each resumed from step 2 and compared bitwise with the
+uninterrupted run."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ import pytest
 from helpers import REPO_ROOT, run_training
 
 from boost_titan import local_text
-from boost_titan.local_text import CorpusError, check_corpus, find_corpus, split_holdout
+from boost_titan.local_text import (
+    CorpusError,
+    check_corpus,
+    find_corpus,
+    split_every,
+    split_holdout,
+)
 
 TOKENIZER = str(REPO_ROOT / "data" / "boost_corpus" / "tokenizer")
 WORDS = (
@@ -212,7 +219,7 @@ def test_resume_is_exact_after_reloops(tmp_path):
         _write(tmp_path / "c" / f"p{i}.jsonl", "jsonl", _docs(20 + i, 3, words=12))
     four = find_corpus(str(tmp_path / "c"))
     three = local_text.Corpus(four.path, four.kind, four.files[:3])
-    for corpus in (four, three):
+    for corpus in (four, three, split_every(three, 2)[0]):
         for rank in (0, 1):
             it = iter(_dataset(corpus, rank))
             reference = [next(it)[1].tolist() for _ in range(30)]
@@ -269,6 +276,12 @@ def test_holdout_files_are_disjoint_from_training(tmp_path):
     assert read_held == docs[3] + docs[4]
     assert not set(read_train) & set(read_held)
     assert sorted(read_train + read_held) == sorted(d for f in docs for d in f)
+    # every 3rd document of each file: the 3rd, 6th, ... (a one-file corpus too)
+    train, held = split_every(find_corpus(str(tmp_path / "c")), 3)
+    assert train.files == held.files
+    read_train, read_held = _read(train), _read(held)
+    assert read_held == [d for f in docs for d in f[2::3]]
+    assert read_train == [d for f in docs for i, d in enumerate(f) if i % 3 != 2]
 
 
 # ---------------------------------------------------------------------------------------
@@ -293,10 +306,11 @@ def test_startup_refusals(tmp_path):
     for i in range(3):
         _write(good / f"p{i}.jsonl", "jsonl", _docs(40 + i, 2))
     _check("--training.dataset_path", str(good), "--validation.no-enable")  # accepted
-    _check(  # holdout + validation on the held-out file
-        "--training.dataset_path", str(good), "--training.dataset_holdout_files", "1",
-        "--validation.dataset", "local_text_holdout",
-    )  # fmt: skip
+    for holdout in ("--training.dataset_holdout_files", "--training.dataset_holdout_every"):
+        _check(  # holdout + validation on it: the same files, disjoint documents
+            "--training.dataset_path", str(good), holdout, "2",
+            "--validation.dataset", "local_text_holdout",
+        )  # fmt: skip
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "a.jsonl").write_text("")
@@ -363,9 +377,10 @@ def test_startup_refusals(tmp_path):
         ),
         (
             ("--training.dataset_path", str(good), "--validation.dataset", "local_text_holdout"),
-            "[validation] dataset = 'local_text_holdout' reads the files held out of [training] "
-            "dataset = 'local_text' by [training] dataset_holdout_files, which is 0 (with "
-            "dataset 'local_text'); set dataset_holdout_files = N (the last N files)",
+            "[validation] dataset = 'local_text_holdout' reads what [training] "
+            "dataset_holdout_files or dataset_holdout_every holds out of dataset = 'local_text' "
+            "(dataset 'local_text', neither set); set dataset_holdout_files = N (the last N "
+            "files) or dataset_holdout_every = N (every N-th document of each file)",
         ),
         (
             ("--training.dataset_path", str(good), "--training.dataset_holdout_files", "3",
@@ -373,6 +388,19 @@ def test_startup_refusals(tmp_path):
             f"[training] dataset_path = '{good}' (local_text): dataset_holdout_files "
             f"= 3 must be between 1 and 2: '{good}' holds 3 .jsonl files and training keeps "
             "at least one",
+        ),
+        (
+            ("--training.dataset_path", str(good), "--training.dataset_holdout_every", "1",
+             "--validation.no-enable"),
+            f"[training] dataset_path = '{good}' (local_text): dataset_holdout_every = 1 must "
+            "be >= 2 (every N-th document of each file is held out: 1/N of the corpus)",
+        ),
+        (
+            ("--training.dataset_path", str(good), "--training.dataset_holdout_every", "2",
+             "--training.dataset_holdout_files", "1", "--validation.no-enable"),
+            f"[training] dataset_path = '{good}' (local_text): dataset_holdout_files = 1 and "
+            "dataset_holdout_every = 2: hold out files or every N-th document, not both (the "
+            "other 0)",
         ),
     ]  # fmt: skip
     for overrides, message in cases:
@@ -452,10 +480,12 @@ def runs(tmp_path_factory):
         "--validation.dataset", "local_text_holdout", "--validation.steps", "1",
         "--validation.freq", "2",
     )  # fmt: skip
-    by_sample = _full_and_resumed(
+    by_sample = _full_and_resumed(  # every 4th document held out for validation
         root, "by_sample",
         "--training.dataset", "local_text", "--training.dataset_path", str(one),
-        "--validation.no-enable",
+        "--training.dataset_holdout_every", "4",
+        "--validation.dataset", "local_text_holdout", "--validation.steps", "1",
+        "--validation.freq", "2",
     )  # fmt: skip
     return folder, one, by_file, by_sample
 
@@ -489,5 +519,11 @@ def test_dp2_log_lines_and_holdout_validation(runs):
     assert held.format(0) in out and held.format(1) in out
     assert "part-004" not in out.split("local_text_holdout:")[0]  # training never names it
     assert sorted(full.val_loss[0]) == [1, 2, 4]  # validation ran on the held-out file
-    line = f"local_text: {one}: 1 .jsonl file (json, text field 'text'), streamed (read as training consumes them, no cache copy), sharded by sample over 2 data-parallel ranks (1 file does not divide by 2): rank 0 reads the 1 file and keeps every 2nd document from the 1st"  # noqa: E501
-    assert line in sample_full.output
+    tail = "streamed (read as training consumes them, no cache copy), sharded by sample over 2 data-parallel ranks (1 file does not divide by 2): rank 0 reads the 1 file and keeps every 2nd document from the 1st"  # noqa: E501
+    out = sample_full.output
+    every = "every 4th document of each file"
+    train = f"local_text: {one}: 1 .jsonl file (json, text field 'text', {every} held out"
+    val = f"local_text_holdout: {one}: 1 .jsonl file (json, text field 'text', only {every}:"
+    assert f"{train} for validation), {tail}" in out
+    assert f"{val} held out for validation), {tail}" in out
+    assert sorted(sample_full.val_loss[0]) == [1, 2, 4]

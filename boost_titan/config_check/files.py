@@ -97,16 +97,18 @@ def _check_local_corpora(config, sections) -> None:
     from boost_titan.text_loader import corpus_for
 
     t = config.training
-    holdout = t.dataset_holdout_files
-    if holdout < 0:
-        raise bad("training", "dataset_holdout_files", holdout, "must be >= 0 (0: no holdout)")
-    if holdout and t.dataset != "local_text":
-        raise bad(
-            "training",
-            "dataset_holdout_files",
-            holdout,
-            f"holds files of a local_text corpus out; [training] dataset is {t.dataset!r}",
-        )
+    for key in ("dataset_holdout_files", "dataset_holdout_every"):
+        value = getattr(t, key)
+        if value < 0:
+            raise bad("training", key, value, "must be >= 0 (0: no holdout)")
+        if value and t.dataset != "local_text":
+            raise bad(
+                "training",
+                key,
+                value,
+                f"holds part of a local_text corpus out; [training] dataset is {t.dataset!r}",
+            )
+    holdout = t.dataset_holdout_files or t.dataset_holdout_every
     if not t.dataset_text_field:
         raise bad("training", "dataset_text_field", "", "must name the field holding the text")
     if t.dataset == HOLDOUT_DATASET:
@@ -114,8 +116,8 @@ def _check_local_corpora(config, sections) -> None:
             "training",
             "dataset",
             HOLDOUT_DATASET,
-            "is for [validation] only (the files [training] dataset_holdout_files holds "
-            "out of dataset = 'local_text')",
+            "is for [validation] only (what [training] dataset_holdout_files / "
+            "dataset_holdout_every hold out of dataset = 'local_text')",
         )
     files = {}
     for section, s in sections:
@@ -127,9 +129,10 @@ def _check_local_corpora(config, sections) -> None:
                     section,
                     "dataset",
                     HOLDOUT_DATASET,
-                    "reads the files held out of [training] dataset = 'local_text' by "
-                    f"[training] dataset_holdout_files, which is {holdout} (with dataset "
-                    f"{t.dataset!r}); set dataset_holdout_files = N (the last N files)",
+                    "reads what [training] dataset_holdout_files or dataset_holdout_every "
+                    f"holds out of dataset = 'local_text' (dataset {t.dataset!r}, neither "
+                    "set); set dataset_holdout_files = N (the last N files) or "
+                    "dataset_holdout_every = N (every N-th document of each file)",
                 )
             if s.dataset_path:
                 raise bad(
@@ -160,7 +163,7 @@ def _check_local_corpora(config, sections) -> None:
             cls = ConfigPathError if "does not exist" in why else ConfigError
             raise bad(section, "dataset_path", path, f"({s.dataset}): {why}", cls) from None
         files[section] = corpus
-    if len(files) == 2:
+    if len(files) == 2 and config.validation.dataset != HOLDOUT_DATASET:  # (disjoint)
         train, val = files["training"], files["validation"]
         shared = sorted(set(train.files) & set(val.files)) or (
             [train.path] if not train.streamed and train.path == val.path else []
