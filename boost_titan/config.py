@@ -123,7 +123,8 @@ class Boost:
     schedule and step resume, and each data-parallel rank skips, in its new shard, as
     many documents as the saved ranks had consumed there (the total is kept); the log
     states the documents read again, the never-read ones skipped and the buffered tokens
-    dropped (``boost_titan.data_resume``). Map-style datasets (boost_corpus, local_text)."""
+    dropped (``boost_titan.data_resume``). Map-style datasets (boost_corpus, a local_text
+    save_to_disk folder); a streamed corpus (local_text files) is refused."""
 
     log_comm: bool = False
     """Count tensor-parallel collectives (count and bytes, forward/backward) on the
@@ -165,9 +166,30 @@ class Optimizer:
 
 
 @dataclass
+class Training:
+    """Your own corpus' settings, merged into torchtitan's ``[training]`` section
+    (``dataset = "local_text"``; ``boost_titan.local_text``)."""
+
+    dataset_text_field: str = "text"
+    """The field of each .jsonl/.json/.parquet document holding its text (also read by
+    ``[validation] dataset = "local_text"``/``"local_text_holdout"``); .txt files are one
+    document each."""
+
+    dataset_holdout_files: int = 0
+    """Hold the last N files (in path order) of ``dataset_path`` out of training; read
+    them with ``[validation] dataset = "local_text_holdout"``. 0: no holdout."""
+
+    dataset_holdout_every: int = 0
+    """Hold the N-th, 2N-th, ... document of each file (1/N of the corpus) out of
+    training, for ``[validation] dataset = "local_text_holdout"`` (a one-file corpus
+    too). 0: none. Not with dataset_holdout_files."""
+
+
+@dataclass
 class JobConfig:
     boost: Boost = field(default_factory=Boost)
     optimizer: Optimizer = field(default_factory=Optimizer)
+    training: Training = field(default_factory=Training)
 
 
 def validate_boost_config(boost: Boost) -> None:

@@ -29,8 +29,9 @@ checkpoint's ``.metadata`` declares (its ``dataloader.dp_rank_*`` keys) with thi
   skipped or dropped; a new shard that straddles an old boundary costs a few documents.
   The log states what this costs: the documents consumed before that will be read
   again, the never-read documents skipped (as many: the total is kept), and the
-  buffered tokens dropped. Map-style datasets only (``boost_corpus``, ``local_text``); a
-  streamed dataset's position is not a document index and is refused.
+  buffered tokens dropped. Map-style datasets only (``boost_corpus``, a ``local_text``
+  ``save_to_disk`` folder); a streamed dataset's position (``local_text`` files, see
+  ``boost_titan.text_loader``) is not a document index and is refused.
 
 Positions are within each rank's current pass over its shard (torchtitan's map-style
 datasets re-loop and do not record the pass), so "read again" means again in this pass.

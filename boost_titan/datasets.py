@@ -1,23 +1,33 @@
 """Datasets registered with torchtitan's text loader (``[training] dataset = ...``).
 
-boost_corpus      the embedded English corpus, train split
-boost_corpus_val  its validation split (``[validation] dataset``)
-local_text        your own data: ``dataset_path`` = a .jsonl/.json/.txt/.parquet
-                  file, a folder of them, a ``save_to_disk`` folder, or a local
-                  Hugging Face dataset folder; every sample needs a ``text`` field
-                  (.txt files: one document per file)
+boost_corpus        the embedded English corpus, train split
+boost_corpus_val    its validation split (``[validation] dataset``)
+local_text          your own data: ``dataset_path`` = a .jsonl/.json/.txt/.parquet
+                    file, a folder of them (streamed: read as training consumes them,
+                    no copy into the Hugging Face cache), or a ``save_to_disk`` folder
+                    (map-style, memory-mapped); the text is the field
+                    ``[training] dataset_text_field`` (default "text"; .txt files: one
+                    document per file)
+local_text_holdout  ``[validation]`` only: what ``[training] dataset_holdout_files``
+                    (the last N files) or ``dataset_holdout_every`` (every N-th
+                    document of each file) holds out of the training corpus
+
+Which is used when, the sharding over data-parallel ranks (by file when the file count
+divides by the dp degree, else by sample) and exact resume: ``boost_titan.text_loader``,
+which builds the local loaders and logs one line per rank at start saying which reading,
+sharding and share it uses. The files and checks: ``boost_titan.local_text``.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
+from boost_titan import local_text, text_loader
+
 _BUILD_HINT = "build it with `python -m boost_titan.data build` (the README's `make data`)"
-_FORMATS = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet"}
 
 
 def _corpus_split(split: str) -> str:
@@ -35,25 +45,20 @@ def _load_saved(path: str):
 
 
 def _load_local(path: str):
-    from datasets import load_dataset, load_from_disk
+    """torchtitan's registry loader, for a plain ``torchtitan.train`` run (boost_titan's
+    own runs build local loaders in ``boost_titan.text_loader``): the same corpus, with
+    the default text field and no holdout."""
+    from datasets import load_from_disk
 
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"local_text: dataset_path {path!r} does not exist")
-    if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "state.json").exists()):
-        return load_from_disk(path)
-    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.suffix in _FORMATS)
-    kinds = {_FORMATS.get(f.suffix) for f in files}
-    if p.is_dir() and not files:
-        return load_dataset(path, split="train")  # a local Hugging Face dataset folder
-    if None in kinds or len(kinds) != 1:
-        raise ValueError(
-            f"local_text: {path!r} must hold files of one kind among "
-            f"{sorted(_FORMATS)}; found suffixes {sorted({f.suffix for f in files})}"
-        )
-    kind = kinds.pop()
-    extra = {"sample_by": "document"} if kind == "text" else {}
-    return load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
+    corpus = local_text.find_corpus(path)
+    return local_text.stream(corpus) if corpus.streamed else load_from_disk(path)
+
+
+def _holdout_outside_boost(path: str):
+    raise ValueError(
+        f"dataset {local_text.HOLDOUT_DATASET!r} is read by boost_titan's validation loader "
+        "(boost_titan.train / run_train.sh), not by torchtitan's own"
+    )
 
 
 def _text(sample) -> str:
@@ -68,3 +73,7 @@ def register_datasets() -> None:
         path=_corpus_split("validation"), loader=_load_saved, sample_processor=_text
     )
     DATASETS["local_text"] = DatasetConfig(path="", loader=_load_local, sample_processor=_text)
+    DATASETS[local_text.HOLDOUT_DATASET] = DatasetConfig(
+        path="", loader=_holdout_outside_boost, sample_processor=_text
+    )
+    text_loader.install()

@@ -21,6 +21,7 @@ from boost_titan.models.model import Transformer
 from boost_titan.optim import build_optimizers
 from boost_titan.parallelize import parallelize_boost
 from boost_titan.pipeline import build_loss_fn
+from boost_titan.text_loader import build_dataloader
 
 
 class FlavorTable(dict):
@@ -66,7 +67,7 @@ def build_train_spec(model_name: str) -> TrainSpec:
         pipelining_fn=pipeline_llm,
         build_optimizers_fn=build_optimizers,
         build_lr_schedulers_fn=build_lr_schedulers,
-        build_dataloader_fn=build_text_dataloader,
+        build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_hf_tokenizer,
         build_loss_fn=build_loss_fn,
         build_validator_fn=build_validator,
