@@ -29,12 +29,3 @@ def check_workers(dataloader, section: str, dataset_name: str) -> None:
             f"({workers}x duplicates); set num_workers = 0, or use a streamed dataset "
             f"(an IterableDataset, whose files torch splits among the workers)"
         )
-
-
-def build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=True):
-    """torchtitan's ``build_text_dataloader``, then :func:`check_workers`."""
-    from torchtitan.hf_datasets.text_datasets import build_text_dataloader as build
-
-    dataloader = build(dp_world_size, dp_rank, tokenizer, job_config, infinite)
-    check_workers(dataloader, "training", job_config.training.dataset)
-    return dataloader

@@ -15,7 +15,7 @@ from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
 
 from boost_titan import cpu_runtime, datasets
-from boost_titan.dataloader_workers import build_text_dataloader, check_workers
+from boost_titan.dataloader_workers import check_workers
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.optim import build_optimizers

@@ -38,6 +38,7 @@ from torchtitan.hf_datasets.text_datasets import (
 from torchtitan.tools.logging import logger
 
 from boost_titan import local_text
+from boost_titan.dataloader_workers import check_workers
 from boost_titan.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, Corpus
 
 
@@ -197,10 +198,14 @@ def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):
 
 
 def build_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=True):
-    """The TrainSpec's ``build_dataloader_fn``."""
+    """The TrainSpec's ``build_dataloader_fn`` (DataLoader workers over a map-style
+    dataset refused: :mod:`boost_titan.dataloader_workers`)."""
     if job_config.training.dataset not in LOCAL_DATASETS:
-        return build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite)
-    return _build("training", dp_world_size, dp_rank, tokenizer, job_config, infinite)
+        loader = build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite)
+    else:
+        loader = _build("training", dp_world_size, dp_rank, tokenizer, job_config, infinite)
+    check_workers(loader, "training", job_config.training.dataset)
+    return loader
 
 
 def build_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=False):

@@ -71,13 +71,20 @@ def test_streamed_is_split_among_workers(loaders):
     assert alone - 2 <= sum(1 for _ in two) <= alone
 
 
-def test_the_trainer_builds_through_the_check():
+def test_the_trainers_loader_refuses_workers_over_map_style_data(corpus_dir):
+    """The train spec's own loader (boost_titan.text_loader), on the embedded corpus."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
     from torchtitan.protocols.train_spec import get_train_spec
 
-    import boost_titan.specs  # noqa: F401  (registers the train specs)
-    from boost_titan import dataloader_workers
+    from boost_titan.config_check.parse import parse_config
 
-    for name in ("llama2", "svd_llama2", "cola_llama2", "lax_llama2"):
-        spec = get_train_spec(name)
-        assert spec.build_dataloader_fn is dataloader_workers.build_text_dataloader
-        assert spec.build_validator_fn is boost_titan.specs.build_validator
+    config = "train_configs/debug_cola.toml"
+    job = parse_config(["--job.config_file", config, "--training.dataloader.num_workers", "2"])
+    build = get_train_spec(job.model.name).build_dataloader_fn
+    tok = HuggingFaceTokenizer(str(corpus_dir / "tokenizer"))
+    with pytest.raises(
+        DataloaderWorkersError, match=r"num_workers = 2 with dataset 'boost_corpus'"
+    ):
+        build(1, 0, tok, job)
+    job = parse_config(["--job.config_file", config])
+    assert sum(1 for _ in zip(range(2), build(1, 0, tok, job))) == 2  # no workers: loads
