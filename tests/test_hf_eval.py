@@ -16,6 +16,7 @@ import math
 import re
 
 import torch
+from helpers import run_main
 from test_hf_export import _ours
 
 from boost_titan import eval as boost_eval
@@ -50,8 +51,12 @@ def test_lm_eval_perplexity_equals_the_trainers_model(tmp_path, corpus_dir):
         model.state_dict(), model.model_args, "boost", corpus_dir / "tokenizer", tmp_path / "hf"
     )
     out = tmp_path / "eval.json"
-    argv = ["--model", str(folder), "--limit", str(LIMIT), "--output", str(out)]
-    assert boost_eval.main(argv) == 0
+    # the README's command (docs/huggingface.md), with a limit
+    proc = run_main(
+        "boost_titan.eval", "--model", str(folder), "--limit", str(LIMIT), "--output", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nats/token" in proc.stdout and "byte_perplexity" in proc.stdout
     result = json.loads(out.read_text())
     metrics = result["results"]["boost_corpus_ppl"]
 
