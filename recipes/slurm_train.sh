@@ -21,7 +21,14 @@ for arg in "$CONFIG_FILE" "$@"; do
   fi
 done
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# the first node hosts the rendezvous (not `| head -n 1`: head exits after one line, and
+# under pipefail scontrol's SIGPIPE on a longer list ended the script)
+nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${nodes%%$'\n'*}
+if [[ -z "$head_node" ]]; then
+  echo "slurm_train.sh: scontrol show hostnames '$SLURM_JOB_NODELIST' named no node" >&2
+  exit 2
+fi
 PYTHON=${PYTHON:-python}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 RDZV_PORT=${RDZV_PORT:-29500}  # a free port on the first node
