@@ -122,7 +122,9 @@ def _run_train_nodes(config: str, ngpu: int, folder: Path, *args: str, **env: st
         **env,
     )
     cmd = ["./run_train.sh", "--job.dump_folder", str(folder / "dump"), *args]
-    return _run_nodes([cmd, cmd], [common, common], folder)
+    # every node checks the config before its agent starts; one check is enough here
+    # (and saves an interpreter that imports torchtitan)
+    return _run_nodes([cmd, cmd], [common, {**common, "BOOST_TITAN_PRECHECK": "0"}], folder)
 
 
 @pytest.fixture(scope="module")
@@ -268,14 +270,14 @@ def test_slurm_relaunch_resumes_across_nodes(reference, node_lost):
 
 
 def test_hsdp_replicas_across_two_nodes_train_as_one_node(corpus_dir, one_thread, tmp_path):
-    args = ("--validation.no-enable", "--metrics.disable_color_printing", "--training.steps", "3")
+    args = ("--validation.no-enable", "--metrics.disable_color_printing", "--training.steps", "2")
     single = run_training(HSDP, 4, tmp_path / "single", *args)
     [(rc0, node0), (rc1, node1)] = _run_train_nodes(HSDP, 2, tmp_path / "two", *args)
     assert rc0 == rc1 == 0, (node0[-3000:], node1[-3000:])
     for out in (node0, node1):
         assert "parallelism: pp=1, dp_replicate=2, dp_shard=2, cp=1, tp=1" in out
-    expected = {s: single.loss[0][s] for s in (1, 2, 3)}
-    assert sorted(single.loss[0]) == [1, 2, 3]
+    expected = {s: single.loss[0][s] for s in (1, 2)}
+    assert sorted(single.loss[0]) == [1, 2]
     # node 0's local rank 0 is rank 0 (replica 0), node 1's is rank 2 (replica 1)
     assert _losses(node0) == expected
     assert _losses(node1) == expected
