@@ -117,8 +117,15 @@ fi
 
 # every rank would fail on a bad config, each with its own report: check it here, once
 if [[ "${BOOST_TITAN_PRECHECK:-1}" != 0 ]]; then
+  rc=0
   HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} "$PYTHON" -m boost_titan.launch_check \
-    $(( NGPU * NNODES )) --job.config_file "$CONFIG_FILE" "$@" || exit $?
+    $(( NGPU * NNODES )) --job.config_file "$CONFIG_FILE" "$@" || rc=$?
+  if (( rc != 0 )); then
+    if (( NNODES > 1 )); then  # the error's NGPU means all ranks; here NGPU is per node
+      echo "run_train.sh: WORLD_SIZE $(( NGPU * NNODES )) = NGPU $NGPU per node x NNODES $NNODES" >&2
+    fi
+    exit "$rc"
+  fi
 fi
 
 # torchrun gives every process 1 thread when NGPU > 1: CPU ranks get their share of the

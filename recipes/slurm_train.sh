@@ -35,8 +35,14 @@ RDZV_PORT=${RDZV_PORT:-29500}  # a free port on the first node
 # every rank of every node would fail on a bad config: check it here, once, before the
 # nodes start (boost_titan.launch_check: one line, exit 2); BOOST_TITAN_PRECHECK=0 skips
 if [[ "${BOOST_TITAN_PRECHECK:-1}" != 0 ]]; then
+  rc=0
   "$PYTHON" -m boost_titan.launch_check $(( GPUS_PER_NODE * SLURM_NNODES )) \
-    --job.config_file "$CONFIG_FILE" "$@" || exit $?
+    --job.config_file "$CONFIG_FILE" "$@" || rc=$?
+  if (( rc != 0 )); then
+    echo "slurm_train.sh: WORLD_SIZE $(( GPUS_PER_NODE * SLURM_NNODES )) =" \
+      "GPUS_PER_NODE $GPUS_PER_NODE x SLURM_NNODES $SLURM_NNODES" >&2
+    exit "$rc"
+  fi
 fi
 # restarted ranks must not read the previous attempt's keys from torchrun's shared store
 # (pytorch#135712, #167288)

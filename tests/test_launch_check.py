@@ -1,6 +1,7 @@
 """A bad config costs nothing on a cluster: ``run_train.sh`` and ``recipes/slurm_train.sh``
 check it once, in one process (``boost_titan.launch_check``, WORLD_SIZE = ranks per node
-x nodes), before torchrun or srun starts; the error is one line and the exit status 2.
+x nodes), before torchrun or srun starts; the error is one line (several nodes: a second
+one saying how WORLD_SIZE was counted) and the exit status 2.
 A config error found inside a rank is the same line, without a traceback.
 
 Before this, ``NGPU=2 ./run_train.sh --parallelism.tensor_parallel_degree 3`` printed 57
@@ -45,24 +46,25 @@ def _run(cmd: list[str], **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "env, args, ws, n",
+    "env, args, ws, n, extra",
     [
-        ({"NGPU": "2"}, ["--parallelism.tensor_parallel_degree", "3"], 2, 3),
+        ({"NGPU": "2"}, ["--parallelism.tensor_parallel_degree", "3"], 2, 3, []),
         # two nodes: WORLD_SIZE is NGPU x NNODES (no rendezvous is attempted)
         (
             {"NGPU": "2", "NNODES": "2", "RDZV_ENDPOINT": "127.0.0.1:29400"},
             ["--parallelism.tensor_parallel_degree", "2"],
             4,
             2,
+            ["run_train.sh: WORLD_SIZE 4 = NGPU 2 per node x NNODES 2"],
         ),
     ],
 )
-def test_run_train_bad_config_is_one_line_before_torchrun(tmp_path, env, args, ws, n):
+def test_run_train_bad_config_is_one_line_before_torchrun(tmp_path, env, args, ws, n, extra):
     python, calls = _recording_python(tmp_path)
     proc = _run(["./run_train.sh", *args], CONFIG_FILE=TP2, PYTHON=str(python), **env)
     out = (proc.stdout + proc.stderr).splitlines()
     assert proc.returncode == 2, out
-    assert out == [TP3_ERROR.format(n=n, ws=ws)]
+    assert out == [TP3_ERROR.format(n=n, ws=ws), *extra]
     # one interpreter ran, the pre-check, with the ranks' arguments; torchrun never started
     assert calls.read_text().splitlines() == [
         f"-m boost_titan.launch_check {ws} --job.config_file {TP2} {' '.join(args)}"
@@ -96,7 +98,10 @@ def test_slurm_bad_config_is_one_line_before_srun(tmp_path):
     )
     out = (proc.stdout + proc.stderr).splitlines()
     assert proc.returncode == 2, out
-    assert out == [TP3_ERROR.format(n=3, ws=2)]
+    assert out == [
+        TP3_ERROR.format(n=3, ws=2),
+        "slurm_train.sh: WORLD_SIZE 2 = GPUS_PER_NODE 1 x SLURM_NNODES 2",
+    ]
     assert calls.read_text().splitlines() == [
         f"-m boost_titan.launch_check 2 --job.config_file {TP2} "
         "--parallelism.tensor_parallel_degree 3"
