@@ -16,6 +16,12 @@
 # SIGTERM (e.g. SLURM preemption) to this script, to torchrun or to the ranks: the ranks
 # save a checkpoint of the current step and the script exits 0 (README: "When things go
 # wrong").
+# Several machines (docs/multi-node.md): on every node, with the same arguments,
+#   NNODES=2 RDZV_ENDPOINT=node0:29500 NGPU=8 ./run_train.sh ...
+# (torchrun --nnodes NNODES, c10d rendezvous at RDZV_ENDPOINT, RDZV_ID the job's name).
+# Before torchrun starts, the config is checked once, in one process, for NGPU x NNODES
+# ranks (boost_titan.launch_check): a bad value is one line and exit status 2.
+# BOOST_TITAN_PRECHECK=0 skips that (the ranks still check it).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -84,6 +90,18 @@ if (( GPUS > 0 && NGPU > GPUS )); then
     "(one GPU: CONFIG_FILE=train_configs/debug_cola.toml NGPU=1)" >&2
   exit 2
 fi
+NNODES=${NNODES:-1}
+if ! [[ "$NNODES" =~ ^[1-9][0-9]*$ ]]; then
+  echo "run_train.sh: NNODES must be a positive integer, got '$NNODES'" >&2
+  exit 2
+fi
+if (( NNODES > 1 )) && ! [[ "${RDZV_ENDPOINT:-}" =~ ^[^:]+:[1-9][0-9]*$ ]]; then
+  echo "run_train.sh: NNODES=$NNODES needs RDZV_ENDPOINT=HOST:PORT (the first node's" \
+    "address and a free port, the same on every node), got '${RDZV_ENDPOINT:-}'" >&2
+  exit 2
+fi
+RDZV_ENDPOINT=${RDZV_ENDPOINT:-localhost:0}
+RDZV_ID=${RDZV_ID:-boost_titan}
 if [[ -z "${CONFIG_FILE:-}" ]]; then
   if (( NGPU == 1 )); then
     CONFIG_FILE=./train_configs/debug_cola.toml
@@ -95,6 +113,19 @@ if [[ "${RUN_TRAIN_PRINT_ONLY:-0}" == 1 ]]; then
   echo "ARGS=$*"
   echo "NGPU=$NGPU CONFIG_FILE=$CONFIG_FILE GPUS=$GPUS"
   exit 0
+fi
+
+# every rank would fail on a bad config, each with its own report: check it here, once
+if [[ "${BOOST_TITAN_PRECHECK:-1}" != 0 ]]; then
+  rc=0
+  HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} "$PYTHON" -m boost_titan.launch_check \
+    $(( NGPU * NNODES )) --job.config_file "$CONFIG_FILE" "$@" || rc=$?
+  if (( rc != 0 )); then
+    if (( NNODES > 1 )); then  # the error's NGPU means all ranks; here NGPU is per node
+      echo "run_train.sh: WORLD_SIZE $(( NGPU * NNODES )) = NGPU $NGPU per node x NNODES $NNODES" >&2
+    fi
+    exit "$rc"
+  fi
 fi
 
 # torchrun gives every process 1 thread when NGPU > 1: CPU ranks get their share of the
@@ -118,8 +149,8 @@ trap 'rm -f "$BOOST_TITAN_STATUS_FILE"' EXIT
 
 PYTORCH_ALLOC_CONF=${PYTORCH_ALLOC_CONF:-expandable_segments:True} \
 HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} \
-"$PYTHON" -m torch.distributed.run --nproc_per_node="$NGPU" \
-  --rdzv_backend c10d --rdzv_endpoint="localhost:0" \
+"$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --nproc_per_node="$NGPU" \
+  --rdzv_id "$RDZV_ID" --rdzv_backend c10d --rdzv_endpoint="$RDZV_ENDPOINT" \
   --max-restarts "$MAX_RESTARTS" --shutdown-timeout "$SHUTDOWN_TIMEOUT" \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
   -m "$TRAIN_FILE" --job.config_file "$CONFIG_FILE" "$@" &

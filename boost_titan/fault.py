@@ -39,6 +39,9 @@ Fault injection (``BOOST_TITAN_INJECT``, comma-separated ``KIND@STEP[:rank=R]``)
 
 * ``sigkill@S:rank=R`` rank R SIGKILLs itself after step S, first attempt only
   (``TORCHELASTIC_RESTART_COUNT == 0``), so a restarted job runs through;
+* ``nodekill@S:rank=R`` rank R SIGKILLs its torchrun agent (its parent process), then
+  itself, after step S, first attempt only: a node lost, as far as the other nodes can
+  tell (``tests/test_multinode.py``);
 * ``sigterm@S`` after step S, rank 0 sends SIGTERM to the launcher
   (``BOOST_TITAN_LAUNCHER_PID``, set by ``run_train.sh``; else torchrun), which forwards
   it to every rank, as a SLURM preemption does;
@@ -68,7 +71,7 @@ logger = logging.getLogger()  # torchtitan's logger (the root logger); not impor
 # torchtitan so that this module imports without it (torchtitan fixes its device at import)
 
 INJECT_ENV = "BOOST_TITAN_INJECT"
-INJECT_KINDS = ("sigkill", "sigterm", "nan_loss", "inf_grad", "enospc")
+INJECT_KINDS = ("sigkill", "nodekill", "sigterm", "nan_loss", "inf_grad", "enospc")
 STATUS_FILE_ENV = "BOOST_TITAN_STATUS_FILE"  # run_train.sh: preemption -> exit 0
 LAUNCHER_PID_ENV = "BOOST_TITAN_LAUNCHER_PID"
 
@@ -103,6 +106,8 @@ def describe_injection(i: Injection) -> str:
     where = "every rank" if i.rank is None else f"rank {i.rank}"
     return {
         "sigkill": f"{where} SIGKILLs itself after step {i.step} (first attempt only)",
+        "nodekill": f"{where} SIGKILLs its torchrun agent and itself after step {i.step} "
+        "(first attempt only)",
         "sigterm": f"rank 0 sends SIGTERM to the launcher after step {i.step}",
         "nan_loss": f"NaN loss at step {i.step} on {where}",
         "inf_grad": f"an inf gradient after step {i.step}'s backward on {where}",
@@ -132,6 +137,14 @@ class FaultInjector:
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if self.fires("sigkill", step) and first_attempt:
             logger.warning(f"[inject] rank {self.rank}: SIGKILL after step {step}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fires("nodekill", step) and first_attempt:
+            # torchrun starts each rank in a session of its own: the agent's death alone
+            # would leave the rank training on
+            logger.warning(
+                f"[inject] rank {self.rank}: SIGKILL to its agent and itself after step {step}"
+            )
+            os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         if self.fires("sigterm", step) and self.rank == 0:
             target = int(os.environ.get(LAUNCHER_PID_ENV) or os.getppid())

@@ -27,14 +27,12 @@ from boost_titan import (  # noqa: E402
     dashboard,
     fault,
     integrity,
+    launch_check,
     log_filters,
     safe_metadata,
 )
 from boost_titan.config_check import check_config, parse_config  # noqa: E402,F401
-from boost_titan.pipeline import (  # noqa: E402
-    check_schedule_runs_here,
-    pipeline_forward_backward,
-)
+from boost_titan.pipeline import pipeline_forward_backward  # noqa: E402
 from boost_titan.step_profile import (  # noqa: E402
     SUMMARY_TAG,
     StepProfiler,
@@ -247,9 +245,8 @@ def main(argv: list[str] | None = None) -> None:
 
     init_logger()
     log_filters.install_for_training()  # wrong or irrelevant warnings on our paths
-    config = parse_config(sys.argv[1:] if argv is None else argv)
-    check_schedule_runs_here(config)
-    fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here
+    # a config error: one line, exit 2, no traceback (as run_train.sh's pre-check)
+    config = launch_check.parse_or_exit(sys.argv[1:] if argv is None else argv)
     if "LOCAL_RANK" not in os.environ:
         raise RuntimeError(
             "boost_titan.train runs under torchrun: launch it with `NGPU=1 ./run_train.sh "
