@@ -123,6 +123,13 @@ def test_slug_matches_github():
 # (``tests/<file>.py::<function>``, which must exist) or why none does. A new README
 # command fails test_every_readme_command_is_run_or_excused until it is listed here.
 README_COMMANDS = {
+    ".venv/bin/python -m boost_titan.checkpoint export --format hf": "the same command on the "
+    "debug_cola seed checkpoint (same model): tests/test_hf_export.py::"
+    "test_hf_dcp_hf_round_trip_is_bitwise (its fixture exports, imports, exports again)",
+    ".venv/bin/python -m boost_titan.eval": "with --limit 2: "
+    "tests/test_hf_eval.py::test_lm_eval_perplexity_equals_the_trainers_model",
+    ".venv/bin/python -m boost_titan.checkpoint import --format hf": "the same command: "
+    "tests/test_hf_export.py::test_hf_dcp_hf_round_trip_is_bitwise",
     "make train NGPU=1": "the same run without make: "
     "tests/test_lowrank_train.py::test_single_process_20_steps (svd, 1 process, 20 steps)",
     "make train": "set-up: .ci/run's `make setup data`; the run (run_train.sh, 2 ranks, "
