@@ -11,7 +11,8 @@ parameter bitwise unchanged):
   step folder (torchtitan's per-rank ``sharded/`` copy is removed);
 * runs started from it with ``initial_load_in_hf`` under FSDP2 (CoLA) and PP2 (CoLA,
   dense) log exactly the losses of the same layout started from the seed's DCP
-  checkpoint (``initial_load_path``), step for step (3 steps: the optimizer moves).
+  checkpoint (``initial_load_path``), step for step (3 steps: the optimizer moves),
+  under another ``debug.seed``, so a load that loaded nothing would show.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def hf_save(seed_checkpoint, tmp_path_factory):
 
 
 def _train_from(config: str, ngpu: int, dump: Path, start: Path, hf: bool, *extra: str):
-    load = ["--checkpoint.initial_load_path", str(start)]
+    # another seed than the seed checkpoint's (42): fresh weights differ from the loaded
+    # ones, so a load that silently left the model as initialised (torchtitan loads with
+    # strict=False) gives other losses
+    load = ["--debug.seed", "7", "--checkpoint.initial_load_path", str(start)]
     if hf:
         load.append("--checkpoint.initial_load_in_hf")
     run = run_training(config, ngpu, dump, *COMMON, *load, "--training.steps", "3", *extra)
