@@ -206,3 +206,30 @@ def test_cola_refuses_what_the_authors_model_cannot_hold():
         COLA.config(tiny_llama(None))
     with pytest.raises(HFFormatError, match="no grouped-query attention"):
         COLA.args_from_config({**COLA.config(tiny_cola(True)), "num_key_value_heads": 2})
+
+
+# ------------------------------------------------------------------------------ training options
+def test_hf_checkpoint_options_refused_before_training():
+    from boost_titan.hf.adapters import ColaStateDictAdapter, adapter_for, check_for_job
+    from boost_titan.train import parse_config
+
+    base = ["--job.config_file", "train_configs/debug_cola.toml", "--checkpoint.enable"]
+    with pytest.raises(ValueError, match="last_save_model_only = False but last_save_in_hf"):
+        parse_config(
+            [*base, "--checkpoint.last_save_in_hf", "--checkpoint.no-last-save-model-only"]
+        )
+    with pytest.raises(ValueError, match="initial_load_model_only = False but initial_load_in"):
+        parse_config(
+            [*base, "--checkpoint.initial_load_in_hf", "--checkpoint.no-initial-load-model-only"]
+        )
+    # a layout that cannot hold the model: refused as the trainer is built, only when
+    # the run saves or loads HF
+    gqa = tiny_cola(True).with_overrides(n_kv_heads=2)
+    adapter = ColaStateDictAdapter(gqa, None)
+    check_for_job(False, False, adapter)
+    with pytest.raises(HFFormatError, match="grouped-query attention"):
+        check_for_job(True, False, adapter)
+    with pytest.raises(HFFormatError, match="grouped-query attention"):
+        check_for_job(False, True, adapter)
+    assert adapter_for("llama2").layout == "llama" and adapter_for("cola_llama2").layout == "cola"
+    assert adapter_for("svd_llama2").layout == adapter_for("lax_llama2").layout == "boost"

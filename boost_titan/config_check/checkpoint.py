@@ -41,6 +41,23 @@ def _check_checkpoint(config) -> None:
             "async_mode or hold only the model under last_save_model_only)",
         )
     _at_least("checkpoint", "load_step", ck.load_step, -1, " (-1: the newest step)")
+    # torchtitan asserts both (bare AssertionErrors), the first only at the last step
+    if ck.last_save_in_hf and not ck.last_save_model_only:
+        raise bad(
+            "checkpoint",
+            "last_save_model_only",
+            False,
+            "but last_save_in_hf = true: a Hugging Face save holds the model only; add "
+            "--checkpoint.last_save_model_only",
+        )
+    if ck.initial_load_in_hf and not ck.initial_load_model_only:
+        raise bad(
+            "checkpoint",
+            "initial_load_model_only",
+            False,
+            "but initial_load_in_hf = true: a Hugging Face checkpoint holds the model "
+            "only; leave initial_load_model_only on (the default)",
+        )
     if not ck.enable:
         if ck.initial_load_path:
             raise bad(
