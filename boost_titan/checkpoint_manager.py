@@ -73,7 +73,12 @@ class BoostCheckpointManager(CheckpointManager):
         self.save_guard = checkpoint_save.guard(trainer, injector)
         # last_save_in_hf / initial_load_in_hf: a layout that cannot hold the model is
         # refused now, not at the last step's save
-        check_hf_layout(self.last_save_in_hf, self.initial_load_in_hf, self.sd_adapter)
+        # (checkpointing off: torchtitan's __init__ stops before setting these)
+        check_hf_layout(
+            getattr(self, "last_save_in_hf", False),
+            getattr(self, "initial_load_in_hf", False),
+            getattr(self, "sd_adapter", None),
+        )
         self.data_position = data_resume.DataPosition.for_run(
             trainer.dataloader, trainer.parallel_dims, trainer.job_config.boost.data_resume
         )
