@@ -53,7 +53,7 @@ from torchtitan.tools.logging import logger
 from boost_titan import checkpoint_folder as cf
 from boost_titan import checkpoint_save, data_resume, integrity
 from boost_titan.hf.adapters import check_for_job as check_hf_layout
-from boost_titan.hf.adapters import drop_hf_shards
+from boost_titan.hf.adapters import finish_hf_save
 
 
 def _rank0() -> bool:
@@ -162,7 +162,7 @@ class BoostCheckpointManager(CheckpointManager):
         else:
             out = self.save_guard.dcp_save(super().dcp_save, *args, **kwargs)
         if kwargs.get("to_hf"):  # torchtitan's only HF save (_save_last_step) passes keywords
-            drop_hf_shards(kwargs["checkpoint_id"])
+            finish_hf_save(kwargs["checkpoint_id"], self.sd_adapter, self.export_dtype)
         return out
 
     def _async_wait(self) -> None:

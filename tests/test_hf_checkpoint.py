@@ -7,8 +7,11 @@ so the HF checkpoint holds exactly the seed's weights (AdamW at lr 0 leaves ever
 parameter bitwise unchanged):
 
 * the safetensors file is the seed's DCP weights through the layout's ``to_hf``, bit
-  for bit, every tensor of the model and nothing else, and nothing else is left in the
-  step folder (torchtitan's per-rank ``sharded/`` copy is removed);
+  for bit, every tensor of the model and nothing else, beside a config.json of the
+  model, and nothing else is left in the step folder (torchtitan's per-rank
+  ``sharded/`` copy is removed); the dense step folder loads with
+  ``LlamaForCausalLM.from_pretrained`` and gives the seed model's logits;
+* a config.json of another model in the folder is refused at load, in one line;
 * runs started from it with ``initial_load_in_hf`` under FSDP2 (CoLA) and PP2 (CoLA,
   dense) log exactly the losses of the same layout started from the seed's DCP
   checkpoint (``initial_load_path``), step for step (3 steps: the optimizer moves),
@@ -17,7 +20,9 @@ parameter bitwise unchanged):
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +33,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from
 
 from boost_titan.hf.adapters import hf_format
 from boost_titan.models.flavors import flavors_for
+from boost_titan.models.model import Transformer
 
 COMMON = ("--checkpoint.enable", "--validation.no-enable", "--checkpoint.interval", "100")
 PP2 = (
@@ -83,6 +89,7 @@ def _train_from(config: str, ngpu: int, dump: Path, start: Path, hf: bool, *extr
 def test_hf_save_under_tp2_is_the_seed_through_the_layout(hf_save, layout):
     seed, step = hf_save(layout)
     assert sorted(os.listdir(step)) == [
+        "config.json",
         "model-00001-of-00001.safetensors",
         "model.safetensors.index.json",
     ]
@@ -97,6 +104,40 @@ def test_hf_save_under_tp2_is_the_seed_through_the_layout(hf_save, layout):
     assert saved.keys() == want.keys()
     for name, t in want.items():
         assert saved[name].dtype == torch.float32 and torch.equal(saved[name], t), name
+    config = json.loads((step / "config.json").read_text())
+    assert fmt.args_from_config(config) == args and config["torch_dtype"] == "float32"
+    if layout == "llama":  # the step folder is a transformers checkpoint as it stands
+        from transformers import LlamaForCausalLM
+
+        hf = LlamaForCausalLM.from_pretrained(str(step)).eval()
+        model = Transformer(args)
+        model.load_state_dict(ours)
+        tokens = torch.randint(
+            0, args.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0)
+        )
+        with torch.no_grad():
+            torch.testing.assert_close(
+                hf(tokens).logits, model.eval()(tokens), rtol=1e-5, atol=1e-5
+            )
+
+
+def test_hf_start_refuses_a_config_of_another_model(hf_save, tmp_path):
+    """initial_load_in_hf from a folder whose config.json describes another CoLA (no outer
+    SiLU: same shapes, so DCP alone would load it silently)."""
+    _, step = hf_save("cola")
+    other = tmp_path / "other"
+    shutil.copytree(step, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "only_lr_act": True}))
+    run = run_training(
+        "debug_cola.toml", 1, tmp_path / "run", *COMMON,
+        "--checkpoint.initial_load_path", str(other), "--checkpoint.initial_load_in_hf",
+        "--training.steps", "1", expect_failure=True,
+    )  # fmt: skip
+    assert (
+        f"HFFormatError: {other}/config.json describes another model than this run's: "
+        "swiglu False (the run's: True)" in run.output
+    )
 
 
 def test_cola_hf_start_under_fsdp2_and_pp2_equals_dcp_start(hf_save, tmp_path):

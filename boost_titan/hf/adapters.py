@@ -21,20 +21,26 @@ svd_llama2   boost     our ``transformers`` class (``boost_format``)
 lax_llama2   boost     our ``transformers`` class (``boost_format``)
 ===========  ========  ================================================
 
-What torchtitan writes is the weights only (``model.safetensors`` or, with
-``model.safetensors.index.json`` in ``[model] hf_assets_path``, shards named after it):
-no ``config.json``; ``python -m boost_titan.checkpoint export --format hf`` writes the
-complete folder. A model the layout cannot hold (a GQA CoLA in the authors' layout) is
-refused when the trainer is built (:func:`check_for_job`), not after training.
+What torchtitan writes is the weights only (``model-00001-of-00001.safetensors`` and its
+index or, with ``model.safetensors.index.json`` in ``[model] hf_assets_path``, shards
+named after it); :func:`finish_hf_save` adds ``config.json`` for the llama and cola
+layouts, so ``LlamaForCausalLM.from_pretrained(<step folder>)`` works; tokenizer files,
+token ids and our own layout's model code come with ``python -m boost_titan.checkpoint
+export --format hf``, which writes the complete folder. ``initial_load_in_hf`` from a
+folder with a config.json checks it describes the run's model first. A model the layout
+cannot hold (a GQA CoLA in the authors' layout) is refused when the trainer is built
+(:func:`check_for_job`), not after training.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 
@@ -67,6 +73,10 @@ class FormatStateDictAdapter(StateDictAdapter):
     """One HF layout as a torchtitan adapter; subclasses name the layout."""
 
     layout = ""
+    config_beside_save = False
+    """Write config.json beside the weights of a ``last_save_in_hf`` save: for layouts
+    whose model class needs no file from the folder (transformers' LLaMA, the CoLA
+    authors' installed code); ours (boost) needs its modeling file: ``export``."""
 
     def __init__(self, model_args: LlamaArgs, hf_assets_path: str | None):
         # reads [model] hf_assets_path/model.safetensors.index.json, if any, to shard
@@ -94,15 +104,49 @@ class FormatStateDictAdapter(StateDictAdapter):
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
         return self.format.from_hf(hf_state_dict, self.model_args)
 
+    def get_hf_storage_reader(self, path: str, from_quantized: bool = False):
+        """torchtitan's reader, after checking a config.json beside the weights (if
+        any) describes the run's model: one line naming what differs, instead of
+        DCP's size mismatch or, for a flag like CoLA's only_lr_act, nothing at all."""
+        config_path = os.path.join(path, "config.json")
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                theirs = self.format.args_from_config(json.load(f))
+            differs = [
+                f"{key} {getattr(theirs, key)!r} (the run's: {getattr(self.model_args, key)!r})"
+                for key in COMPARED_ARGS
+                if getattr(theirs, key) != getattr(self.model_args, key)
+            ]
+            if differs:
+                raise HFFormatError(
+                    f"{config_path} describes another model than this run's: " + ", ".join(differs)
+                )
+        return super().get_hf_storage_reader(path, from_quantized)
 
-def _adapter_class(layout: str) -> type[FormatStateDictAdapter]:
+    def write_config(self, checkpoint_id: str, dtype: torch.dtype) -> None:
+        config = self.format.config(self.model_args)
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        with open(os.path.join(checkpoint_id, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+
+
+# what a config.json must agree on with the run's model (shapes, and what the forward does)
+COMPARED_ARGS = (
+    "arch", "dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "vocab_size", "rank",
+    "effective_kv_rank", "swiglu", "activation", "norm_eps", "rope_theta",
+)  # fmt: skip
+
+
+def _adapter_class(layout: str, config_beside_save: bool) -> type[FormatStateDictAdapter]:
     name = f"{layout.capitalize()}StateDictAdapter"
-    return type(name, (FormatStateDictAdapter,), {"layout": layout, "__module__": __name__})
+    attrs = {"layout": layout, "config_beside_save": config_beside_save, "__module__": __name__}
+    return type(name, (FormatStateDictAdapter,), attrs)
 
 
-LlamaStateDictAdapter = _adapter_class("llama")
-ColaStateDictAdapter = _adapter_class("cola")
-BoostStateDictAdapter = _adapter_class("boost")
+LlamaStateDictAdapter = _adapter_class("llama", True)
+ColaStateDictAdapter = _adapter_class("cola", True)
+BoostStateDictAdapter = _adapter_class("boost", False)
 ADAPTERS = {
     "llama": LlamaStateDictAdapter,
     "cola": ColaStateDictAdapter,
@@ -122,10 +166,11 @@ def check_for_job(last_save_in_hf: bool, initial_load_in_hf: bool, sd_adapter) -
         sd_adapter.check()
 
 
-def drop_hf_shards(checkpoint_id: str) -> None:
-    """After an HF save: remove ``<step>/sharded``, each rank's part that torchtitan's
-    writer consolidated into ``<step>/model-*.safetensors`` and left behind (the model a
-    second time on disk). Collective: every rank has finished consolidating first."""
+def finish_hf_save(checkpoint_id: str, sd_adapter, dtype: torch.dtype) -> None:
+    """After torchtitan's HF save (rank 0, once every rank has consolidated): remove
+    ``<step>/sharded``, each rank's part that torchtitan's writer consolidated into
+    ``<step>/model-*.safetensors`` and left behind (the model a second time on disk),
+    and write config.json where the layout's model class needs nothing else."""
     if dist.is_initialized():
         dist.barrier()
     if dist.is_initialized() and dist.get_rank() != 0:
@@ -134,3 +179,5 @@ def drop_hf_shards(checkpoint_id: str) -> None:
     consolidated = [f for f in os.listdir(checkpoint_id) if f.endswith(".safetensors")]
     if os.path.isdir(shards) and consolidated:
         shutil.rmtree(shards)
+    if isinstance(sd_adapter, FormatStateDictAdapter) and sd_adapter.config_beside_save:
+        sd_adapter.write_config(checkpoint_id, dtype)
