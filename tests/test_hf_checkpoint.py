@@ -12,10 +12,11 @@ parameter bitwise unchanged):
   ``sharded/`` copy is removed); the dense step folder loads with
   ``LlamaForCausalLM.from_pretrained`` and gives the seed model's logits;
 * a config.json of another model in the folder is refused at load, in one line;
-* runs started from it with ``initial_load_in_hf`` under FSDP2 (CoLA) and PP2 (CoLA,
-  dense) log exactly the losses of the same layout started from the seed's DCP
-  checkpoint (``initial_load_path``), step for step (3 steps: the optimizer moves),
-  under another ``debug.seed``, so a load that loaded nothing would show.
+* runs started from it with ``initial_load_in_hf`` under TP2 (CoLA: BTP; dense:
+  Megatron), FSDP2 (CoLA) and PP2 (both) log exactly the losses of the same layout
+  started from the seed's DCP checkpoint (``initial_load_path``), step for step (2
+  steps: the second after an optimizer step), under another ``debug.seed``, so a load
+  that loaded nothing would show.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _train_from(config: str, ngpu: int, dump: Path, start: Path, hf: bool, *extr
     load = ["--debug.seed", "7", "--checkpoint.initial_load_path", str(start)]
     if hf:
         load.append("--checkpoint.initial_load_in_hf")
-    run = run_training(config, ngpu, dump, *COMMON, *load, "--training.steps", "3", *extra)
+    run = run_training(config, ngpu, dump, *COMMON, *load, "--training.steps", "2", *extra)
     fmt = ", Hugging Face safetensors" if hf else ""
     assert f"Loaded checkpoint {start} ([checkpoint] initial_load_path{fmt})" in run.output
     return run.losses()
@@ -140,19 +141,21 @@ def test_hf_start_refuses_a_config_of_another_model(hf_save, tmp_path):
     )
 
 
-def test_cola_hf_start_under_fsdp2_and_pp2_equals_dcp_start(hf_save, tmp_path):
+def test_cola_hf_start_under_tp2_fsdp2_pp2_equals_dcp_start(hf_save, tmp_path):
     seed, hf = hf_save("cola")
     for name, config, extra in (
+        ("btp_tp2", "debug_cola_btp_tp2.toml", ()),
         ("fsdp2", "debug_cola_fsdp2.toml", ()),
         ("pp2", "debug_cola.toml", PP2),
     ):
         from_hf = _train_from(config, 2, tmp_path / f"{name}_hf", hf, True, *extra)
         from_dcp = _train_from(config, 2, tmp_path / f"{name}_dcp", seed, False, *extra)
-        assert len(from_hf) == 3 and from_hf == from_dcp, name
+        assert len(from_hf) == 2 and from_hf == from_dcp, name
 
 
-def test_llama_hf_start_under_pp2_equals_dcp_start(hf_save, tmp_path):
+def test_llama_hf_start_under_tp2_pp2_equals_dcp_start(hf_save, tmp_path):
     seed, hf = hf_save("llama")
-    from_hf = _train_from("debug_llama2_pp2.toml", 2, tmp_path / "hf", hf, True)
-    from_dcp = _train_from("debug_llama2_pp2.toml", 2, tmp_path / "dcp", seed, False)
-    assert len(from_hf) == 3 and from_hf == from_dcp
+    for config in ("debug_llama2_tp2.toml", "debug_llama2_pp2.toml"):
+        from_hf = _train_from(config, 2, tmp_path / f"{config}_hf", hf, True)
+        from_dcp = _train_from(config, 2, tmp_path / f"{config}_dcp", seed, False)
+        assert len(from_hf) == 2 and from_hf == from_dcp, config
