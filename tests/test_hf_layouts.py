@@ -209,6 +209,24 @@ def test_cola_refuses_what_the_authors_model_cannot_hold():
 
 
 # ------------------------------------------------------------------------------ training options
+def test_hf_step_in_the_run_folder_is_not_resumed(tmp_path, monkeypatch):
+    """The same command again after a last_save_in_hf save: refused at launch, naming
+    the way to start from it (initial_load_in_hf)."""
+    from boost_titan.train import parse_config
+
+    step = tmp_path / "checkpoint" / "step-2"
+    step.mkdir(parents=True)
+    (step / "model.safetensors.index.json").write_text("{}")  # what marks it complete
+    monkeypatch.setenv("WORLD_SIZE", "1")  # the launch checks run
+    with pytest.raises(ValueError, match="holds only the model, as Hugging Face safetensors") as e:
+        parse_config(["--job.config_file", "train_configs/debug_cola.toml",
+                      "--checkpoint.enable", "--job.dump_folder", str(tmp_path)])  # fmt: skip
+    assert (
+        f"--checkpoint.initial_load_path {step} --checkpoint.initial_load_in_hf and a new"
+        in str(e.value)
+    )
+
+
 def test_hf_checkpoint_options_refused_before_training():
     from boost_titan.hf.adapters import ColaStateDictAdapter, adapter_for, check_for_job
     from boost_titan.train import parse_config

@@ -131,13 +131,18 @@ def _check_checkpoint_files(config) -> None:
             if len(missing) == len(cf.TRAINING_STATES)
             else f"no {', '.join(missing)}"
         )
+        hf = not os.path.isfile(os.path.join(path, ".metadata"))  # last_save_in_hf's
+        if hf:
+            held = "only the model, as Hugging Face safetensors (last_save_in_hf)"
         raise bad(
             "checkpoint",
             "load_step",
             ck.load_step,
             f"resumes {which}, {path!r}, which holds {held} and cannot restore "
             f"{', '.join(missing)}: {ways}start a new run from its weights with "
-            f"--checkpoint.initial_load_path {path} and a new --job.dump_folder",
+            f"--checkpoint.initial_load_path {path}"
+            + (" --checkpoint.initial_load_in_hf" if hf else "")
+            + " and a new --job.dump_folder",
         )
 
 
