@@ -52,6 +52,8 @@ from torchtitan.tools.logging import logger
 
 from boost_titan import checkpoint_folder as cf
 from boost_titan import checkpoint_save, data_resume, integrity
+from boost_titan.hf.adapters import check_for_job as check_hf_layout
+from boost_titan.hf.adapters import finish_hf_save
 
 
 def _rank0() -> bool:
@@ -69,6 +71,14 @@ class BoostCheckpointManager(CheckpointManager):
         """The run's checkpoint policies, once the trainer is built (collective: every
         rank; the start-time disk-space check happens here)."""
         self.save_guard = checkpoint_save.guard(trainer, injector)
+        # last_save_in_hf / initial_load_in_hf: a layout that cannot hold the model is
+        # refused now, not at the last step's save
+        # (checkpointing off: torchtitan's __init__ stops before setting these)
+        check_hf_layout(
+            getattr(self, "last_save_in_hf", False),
+            getattr(self, "initial_load_in_hf", False),
+            getattr(self, "sd_adapter", None),
+        )
         self.data_position = data_resume.DataPosition.for_run(
             trainer.dataloader, trainer.parallel_dims, trainer.job_config.boost.data_resume
         )
@@ -148,8 +158,12 @@ class BoostCheckpointManager(CheckpointManager):
     # ------------------------------------------------------------------ save
     def dcp_save(self, *args, **kwargs):
         if self.save_guard is None:
-            return super().dcp_save(*args, **kwargs)
-        return self.save_guard.dcp_save(super().dcp_save, *args, **kwargs)
+            out = super().dcp_save(*args, **kwargs)
+        else:
+            out = self.save_guard.dcp_save(super().dcp_save, *args, **kwargs)
+        if kwargs.get("to_hf"):  # torchtitan's only HF save (_save_last_step) passes keywords
+            finish_hf_save(kwargs["checkpoint_id"], self.sd_adapter, self.export_dtype)
+        return out
 
     def _async_wait(self) -> None:
         if self.save_guard is None:

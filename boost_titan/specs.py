@@ -16,6 +16,7 @@ from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, regis
 
 from boost_titan import cpu_runtime, datasets
 from boost_titan.dataloader_workers import check_workers
+from boost_titan.hf.adapters import adapter_for
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.optim import build_optimizers
@@ -72,6 +73,8 @@ def build_train_spec(model_name: str) -> TrainSpec:
         build_loss_fn=build_loss_fn,
         build_validator_fn=build_validator,
         build_metrics_processor_fn=cpu_runtime.build_metrics_processor,
+        # [checkpoint] last_save_in_hf / initial_load_in_hf: boost_titan/hf/adapters.py
+        state_dict_adapter=adapter_for(model_name),
     )
 
 

@@ -41,6 +41,23 @@ def _check_checkpoint(config) -> None:
             "async_mode or hold only the model under last_save_model_only)",
         )
     _at_least("checkpoint", "load_step", ck.load_step, -1, " (-1: the newest step)")
+    # torchtitan asserts both (bare AssertionErrors), the first only at the last step
+    if ck.last_save_in_hf and not ck.last_save_model_only:
+        raise bad(
+            "checkpoint",
+            "last_save_model_only",
+            False,
+            "but last_save_in_hf = true: a Hugging Face save holds the model only; add "
+            "--checkpoint.last_save_model_only",
+        )
+    if ck.initial_load_in_hf and not ck.initial_load_model_only:
+        raise bad(
+            "checkpoint",
+            "initial_load_model_only",
+            False,
+            "but initial_load_in_hf = true: a Hugging Face checkpoint holds the model "
+            "only; leave initial_load_model_only on (the default)",
+        )
     if not ck.enable:
         if ck.initial_load_path:
             raise bad(
@@ -114,13 +131,18 @@ def _check_checkpoint_files(config) -> None:
             if len(missing) == len(cf.TRAINING_STATES)
             else f"no {', '.join(missing)}"
         )
+        hf = not os.path.isfile(os.path.join(path, ".metadata"))  # last_save_in_hf's
+        if hf:
+            held = "only the model, as Hugging Face safetensors (last_save_in_hf)"
         raise bad(
             "checkpoint",
             "load_step",
             ck.load_step,
             f"resumes {which}, {path!r}, which holds {held} and cannot restore "
             f"{', '.join(missing)}: {ways}start a new run from its weights with "
-            f"--checkpoint.initial_load_path {path} and a new --job.dump_folder",
+            f"--checkpoint.initial_load_path {path}"
+            + (" --checkpoint.initial_load_in_hf" if hf else "")
+            + " and a new --job.dump_folder",
         )
 
 

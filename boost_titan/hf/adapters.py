@@ -1,0 +1,183 @@
+"""torchtitan's state-dict adapters (``TrainSpec.state_dict_adapter``) over our HF layouts.
+
+``[checkpoint] last_save_in_hf = true`` makes torchtitan write the final model as
+safetensors in Hugging Face names (``dcp_save(to_hf=True)``: ``adapter.to_hf`` of the
+model's state dict, then DCP's ``HuggingFaceStorageWriter``); ``initial_load_in_hf =
+true`` reads one (``adapter.to_hf`` of the live state dict gives the names and shapes to
+read, DCP's ``HuggingFaceStorageReader`` fills them, ``adapter.from_hf`` maps them back).
+Both pass *this rank's* state dict: DTensors under TP / FSDP (the q/k permutation and the
+CoLA transposes are DTensor views, as in torchtitan's llama3 adapter), and only a
+stage's tensors under PP (:class:`~boost_titan.hf.renames.RenamingFormat` maps tensor by
+tensor and requires no completeness).
+
+Which layout a model name is saved in:
+
+===========  ========  ================================================
+model        layout    readable by
+===========  ========  ================================================
+llama2       llama     ``transformers``' ``LlamaForCausalLM``
+cola_llama2  cola      the CoLA authors' ``ColaForCausalLM`` (their code)
+svd_llama2   boost     our ``transformers`` class (``boost_format``)
+lax_llama2   boost     our ``transformers`` class (``boost_format``)
+===========  ========  ================================================
+
+What torchtitan writes is the weights only (``model-00001-of-00001.safetensors`` and its
+index or, with ``model.safetensors.index.json`` in ``[model] hf_assets_path``, shards
+named after it); :func:`finish_hf_save` adds ``config.json`` for the llama and cola
+layouts, so ``LlamaForCausalLM.from_pretrained(<step folder>)`` works; tokenizer files,
+token ids and our own layout's model code come with ``python -m boost_titan.checkpoint
+export --format hf``, which writes the complete folder. ``initial_load_in_hf`` from a
+folder with a config.json checks it describes the run's model first. A model the layout
+cannot hold (a GQA CoLA in the authors' layout) is refused when the trainer is built
+(:func:`check_for_job`), not after training.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torchtitan.protocols.state_dict_adapter import StateDictAdapter
+
+from boost_titan.hf import FORMATS, HFFormat, HFFormatError
+from boost_titan.models.args import LlamaArgs
+
+# [model] name -> the HF layout its state dict adapter writes and reads
+LAYOUT_OF_MODEL = {
+    "llama2": "llama",
+    "cola_llama2": "cola",
+    "svd_llama2": "boost",
+    "lax_llama2": "boost",
+}
+
+
+def hf_format(name: str) -> HFFormat:
+    """The registered layout ``name``, importing ``boost_titan.hf.<name>_format``."""
+    if name not in FORMATS:
+        try:
+            importlib.import_module(f"boost_titan.hf.{name}_format")
+        except ModuleNotFoundError as e:
+            raise HFFormatError(
+                f"Hugging Face layout {name!r} is not available ({e}); layouts here: "
+                f"{sorted(FORMATS)}"
+            ) from None
+    return FORMATS[name]
+
+
+class FormatStateDictAdapter(StateDictAdapter):
+    """One HF layout as a torchtitan adapter; subclasses name the layout."""
+
+    layout = ""
+    config_beside_save = False
+    """Write config.json beside the weights of a ``last_save_in_hf`` save: for layouts
+    whose model class needs no file from the folder (transformers' LLaMA, the CoLA
+    authors' installed code); ours (boost) needs its modeling file: ``export``."""
+
+    def __init__(self, model_args: LlamaArgs, hf_assets_path: str | None):
+        # reads [model] hf_assets_path/model.safetensors.index.json, if any, to shard
+        # the HF save like it (torchtitan's rule)
+        super().__init__(model_args, hf_assets_path)
+        self.model_args = model_args
+
+    @property
+    def format(self) -> HFFormat:
+        return hf_format(self.layout)
+
+    def check(self) -> None:
+        """Refuse a model this layout cannot hold (one line)."""
+        fmt = self.format
+        if self.model_args.arch not in fmt.archs:
+            raise HFFormatError(
+                f"the {fmt.name!r} Hugging Face layout holds architectures "
+                f"{list(fmt.archs)}, not {self.model_args.arch!r}"
+            )
+        fmt.config(self.model_args)  # raises on what the layout cannot express
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return self.format.to_hf(state_dict, self.model_args)
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        return self.format.from_hf(hf_state_dict, self.model_args)
+
+    def get_hf_storage_reader(self, path: str, from_quantized: bool = False):
+        """torchtitan's reader, after checking a config.json beside the weights (if
+        any) describes the run's model: one line naming what differs, instead of
+        DCP's size mismatch or, for a flag like CoLA's only_lr_act, nothing at all."""
+        config_path = os.path.join(path, "config.json")
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                theirs = self.format.args_from_config(json.load(f))
+            differs = [
+                f"{key} {getattr(theirs, key)!r} (the run's: {getattr(self.model_args, key)!r})"
+                for key in COMPARED_ARGS
+                if getattr(theirs, key) != getattr(self.model_args, key)
+            ]
+            if differs:
+                raise HFFormatError(
+                    f"{config_path} describes another model than this run's: " + ", ".join(differs)
+                )
+        return super().get_hf_storage_reader(path, from_quantized)
+
+    def write_config(self, checkpoint_id: str, dtype: torch.dtype) -> None:
+        config = self.format.config(self.model_args)
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        with open(os.path.join(checkpoint_id, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+
+
+# what a config.json must agree on with the run's model (shapes, and what the forward does)
+COMPARED_ARGS = (
+    "arch", "dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "vocab_size", "rank",
+    "effective_kv_rank", "swiglu", "activation", "norm_eps", "rope_theta",
+)  # fmt: skip
+
+
+def _adapter_class(layout: str, config_beside_save: bool) -> type[FormatStateDictAdapter]:
+    name = f"{layout.capitalize()}StateDictAdapter"
+    attrs = {"layout": layout, "config_beside_save": config_beside_save, "__module__": __name__}
+    return type(name, (FormatStateDictAdapter,), attrs)
+
+
+LlamaStateDictAdapter = _adapter_class("llama", True)
+ColaStateDictAdapter = _adapter_class("cola", True)
+BoostStateDictAdapter = _adapter_class("boost", False)
+ADAPTERS = {
+    "llama": LlamaStateDictAdapter,
+    "cola": ColaStateDictAdapter,
+    "boost": BoostStateDictAdapter,
+}
+
+
+def adapter_for(model_name: str) -> type[FormatStateDictAdapter]:
+    return ADAPTERS[LAYOUT_OF_MODEL[model_name]]
+
+
+def check_for_job(last_save_in_hf: bool, initial_load_in_hf: bool, sd_adapter) -> None:
+    """When the run saves or loads HF safetensors, the layout must hold its model:
+    checked as the trainer is built, so the refusal comes before training, not at
+    the last step's save."""
+    if (last_save_in_hf or initial_load_in_hf) and isinstance(sd_adapter, FormatStateDictAdapter):
+        sd_adapter.check()
+
+
+def finish_hf_save(checkpoint_id: str, sd_adapter, dtype: torch.dtype) -> None:
+    """After torchtitan's HF save (rank 0, once every rank has consolidated): remove
+    ``<step>/sharded``, each rank's part that torchtitan's writer consolidated into
+    ``<step>/model-*.safetensors`` and left behind (the model a second time on disk),
+    and write config.json where the layout's model class needs nothing else."""
+    if dist.is_initialized():
+        dist.barrier()
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    shards = os.path.join(checkpoint_id, "sharded")
+    consolidated = [f for f in os.listdir(checkpoint_id) if f.endswith(".safetensors")]
+    if os.path.isdir(shards) and consolidated:
+        shutil.rmtree(shards)
+    if isinstance(sd_adapter, FormatStateDictAdapter) and sd_adapter.config_beside_save:
+        sd_adapter.write_config(checkpoint_id, dtype)
