@@ -627,7 +627,8 @@ def calibrate_from_gpu_check(
     for m, k, n, rate in rows:
         model = 2 * m * k * n / gemm_time(m, k, n, hw, eff)
         lines.append(
-            f"{m:7d} {k:6d} {n:6d} {rate / 1e12:14.1f} {model / 1e12:11.1f} {model / rate - 1:+7.1%}"
+            f"{m:7d} {k:6d} {n:6d} {rate / 1e12:14.1f} {model / 1e12:11.1f} "
+            f"{model / rate - 1:+7.1%}"
         )
     return hw, eff, "\n".join(lines)
 
