@@ -18,7 +18,7 @@
    run's headroom. Memory is the dry run's, split as it scales: one microbatch's
    activations per block and at the stack's ends are traced (FakeTensor, the dry
    run's ``trace_role``) once per (TP, plan, checkpointing) at micro-batch 1 in a
-   2- and a 3-layer model, and scaled by micro-batch, layers per stage and the
+   1- and a 2-layer model, and scaled by micro-batch, layers per stage and the
    schedule's microbatches in flight; parameters, gradients and AdamW states (fp32,
    16 bytes per parameter) are divided by FSDP analytically, plus FSDP's gathered bf16
    parameters and one block's fp32 gradients. A 13B model's traces take seconds each;
@@ -243,7 +243,8 @@ def _trace_key(lay: Layout) -> tuple[int, str, str]:
 
 def _trace_worker(model: str, flavor: str, seq: int, tp: int, combos: list) -> dict:
     """In a forked process: one fake world of ``tp`` ranks, each (plan, checkpointing)
-    traced at micro-batch 1 in a 2- and a 3-layer model (as ``dryrun.plans``)."""
+    traced at micro-batch 1 in a 1- and a 2-layer model (LaX: 2 and 3, as
+    ``dryrun.plans``); the difference is one block's activations."""
     from boost_titan import cpu_runtime
 
     cpu_runtime.activate()
@@ -282,7 +283,9 @@ def _trace_worker(model: str, flavor: str, seq: int, tp: int, combos: list) -> d
             config.compile.enable = False
             full = config_args(config)
             acts = []
-            for n in (2, 3):
+            # LaX's first block has no crossing: its constant part needs 2 blocks
+            layers = (2, 3) if full.arch == "lax" else (1, 2)
+            for n in layers:
                 rep = trace_role(
                     config,
                     _parallel_dims(config, tp),
@@ -291,7 +294,7 @@ def _trace_worker(model: str, flavor: str, seq: int, tp: int, combos: list) -> d
                 )
                 acts.append(rep.activation_peak_bytes)
             per_block = acts[1] - acts[0]
-            out[(plan, ckpt)] = (per_block, acts[0] - 2 * per_block)
+            out[(plan, ckpt)] = (per_block, acts[0] - layers[0] * per_block)
     finally:
         dist.destroy_process_group()
     return out
@@ -421,25 +424,27 @@ def search(
     budget = hw.memory_gib * GIB * (1 - headroom)
     traces: dict = {}
     chosen: list[Candidate] = []
-    i = 0
-    while i < len(ranked) and len(chosen) < top:
-        window = ranked[i : i + 24]
-        i += len(window)
-        missing = {_trace_key(c.layout) for c in window} - set(traces)
-        if missing:
-            log(f"tracing activations: {sorted(missing)}")
-            traces.update(trace_activations(model, flavor, seq, missing))
-        for c in window:
-            c.memory = estimate_memory(args, c.layout, traces[_trace_key(c.layout)])
-            if c.memory["total"] > budget:
-                continue
-            c.refused = check_candidate(c.sections, gpus)
-            if c.refused:
-                log(f"refused by the config check: {c.layout.describe()}: {c.refused}")
-                continue
-            chosen.append(c)
-            if len(chosen) == top:
-                break
+    for i, c in enumerate(ranked):
+        if len(chosen) == top:
+            break
+        key = _trace_key(c.layout)
+        if key not in traces:
+            # this one, and what the next few of its TP degree need, in one process
+            batch = {key} | {
+                k
+                for k in (_trace_key(x.layout) for x in ranked[i : i + 16])
+                if k[0] == key[0] and k not in traces
+            }
+            log(f"tracing activations (TP, plan, checkpointing): {sorted(batch)}")
+            traces.update(trace_activations(model, flavor, seq, batch))
+        c.memory = estimate_memory(args, c.layout, traces[key])
+        if c.memory["total"] > budget:
+            continue
+        c.refused = check_candidate(c.sections, gpus)
+        if c.refused:
+            log(f"refused by the config check: {c.layout.describe()}: {c.refused}")
+            continue
+        chosen.append(c)
     if verify and chosen:
         chosen = _verify_first(chosen, ranked, model, flavor, gpus, hw, headroom, log)
     return chosen
