@@ -300,26 +300,31 @@ def _trace_worker(model: str, flavor: str, seq: int, tp: int, combos: list) -> d
     return out
 
 
-def trace_activations(model: str, flavor: str, seq: int, keys: set) -> dict:
-    """{(tp, plan, ckpt): ActTrace}, one forked process per TP degree."""
+def trace_pool():
+    """Processes forked from one server that imported torch and torchtitan once (the
+    dry run's pattern, ``dryrun.run.dry_run_many``): one fresh process per TP degree's
+    traces (DTensor caches sharding decisions with the process group)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["boost_titan.preload"])
+    return ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1)
+
+
+def trace_activations(model: str, flavor: str, seq: int, keys: set, pool) -> dict:
+    """{(tp, plan, ckpt): ActTrace}, one process of ``pool`` per TP degree."""
     by_tp: dict[int, list] = {}
     for tp, plan, ck in sorted(keys):
         by_tp.setdefault(tp, []).append((plan, ck))
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["boost_titan.preload"])
-    workers = max(1, min(len(by_tp), os.cpu_count() or 1))
-    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {
-            tp: pool.submit(_trace_worker, model, flavor, seq, tp, combos)
-            for tp, combos in by_tp.items()
-        }
-        out = {}
-        for tp, fut in futures.items():
-            for (plan, ck), (pb, ends) in fut.result().items():
-                out[(tp, plan, ck)] = ActTrace(pb, ends)
+    futures = {
+        tp: pool.submit(_trace_worker, model, flavor, seq, tp, combos)
+        for tp, combos in by_tp.items()
+    }
+    out = {}
+    for tp, fut in futures.items():
+        for (plan, ck), (pb, ends) in fut.result().items():
+            out[(tp, plan, ck)] = ActTrace(pb, ends)
     return out
 
 
@@ -424,6 +429,15 @@ def search(
     budget = hw.memory_gib * GIB * (1 - headroom)
     traces: dict = {}
     chosen: list[Candidate] = []
+    with trace_pool() as pool:
+        _walk(ranked, traces, chosen, pool, args, model, flavor, seq, gpus, budget, top, log)
+    if verify and chosen:
+        chosen = _verify_first(chosen, ranked, model, flavor, gpus, hw, headroom, log)
+    return chosen
+
+
+def _walk(ranked, traces, chosen, pool, args, model, flavor, seq, gpus, budget, top, log):
+    """From the fastest: the first ``top`` that fit (estimated) and pass the checks."""
     for i, c in enumerate(ranked):
         if len(chosen) == top:
             break
@@ -436,7 +450,7 @@ def search(
                 if k[0] == key[0] and k not in traces
             }
             log(f"tracing activations (TP, plan, checkpointing): {sorted(batch)}")
-            traces.update(trace_activations(model, flavor, seq, batch))
+            traces.update(trace_activations(model, flavor, seq, batch, pool))
         c.memory = estimate_memory(args, c.layout, traces[key])
         if c.memory["total"] > budget:
             continue
@@ -445,9 +459,6 @@ def search(
             log(f"refused by the config check: {c.layout.describe()}: {c.refused}")
             continue
         chosen.append(c)
-    if verify and chosen:
-        chosen = _verify_first(chosen, ranked, model, flavor, gpus, hw, headroom, log)
-    return chosen
 
 
 def _verify_first(chosen, ranked, model, flavor, gpus, hw, headroom, log):

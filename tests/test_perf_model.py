@@ -262,7 +262,7 @@ def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dry run of the winner" in proc.stderr and "fits" in proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line[:3].strip().isdigit()]
-    assert len(rows) == 3
+    assert 1 <= len(rows) <= 3  # a first that its full dry run refuses is dropped
     rates = [float(re.search(r" ([\d,]{4,}) ", line).group(1).replace(",", "")) for line in rows]
     assert rates == sorted(rates, reverse=True)
     text = recipe.read_text()
