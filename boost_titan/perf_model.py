@@ -43,8 +43,9 @@ Terms, per rank (every one printed in the breakdown):
 Free parameters, each a physical fraction (fitted; ``--paper`` shows the fit):
 ``e_gemm`` the fraction of peak bf16 a large GEMM reaches, ``e_hbm`` the fraction of HBM
 bandwidth memory-bound kernels reach, ``e_link`` the fraction of the link's one-way
-bandwidth a ring collective reaches. ``alpha`` (per ring step latency) is fixed at
-10 us, not fitted: it is under 1% of every collective these models issue.
+bandwidth a ring collective reaches. ``alpha``, the latency of one ring step, is fixed
+at 5 us (the order of NCCL's per-hop latency over NVLink), not fitted: at the paper's
+points it is 2-7% of the TP time, too little for the times to pin it down.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Efficiency:
     gemm: float = 0.80
     hbm: float = 0.80
     link: float = 0.80
-    alpha_s: float = 10e-6
+    alpha_s: float = 5e-6
 
     def fitted(self) -> tuple[float, float, float]:
         return self.gemm, self.hbm, self.link
@@ -666,6 +667,9 @@ def default_efficiency(gpu_check: str | None = None) -> tuple[Efficiency, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from boost_titan import cpu_runtime
+
+    cpu_runtime.activate()  # before the flavors import torchtitan
     ap = argparse.ArgumentParser(
         prog="python -m boost_titan.perf_model",
         description=__doc__,
