@@ -348,13 +348,13 @@ def _bubble(L: Layout) -> float:
 
 def _p2p(a, L: Layout, w: dict, t: int, hw: GPU, eff: Efficiency) -> float:
     """Each microbatch: this rank sends one activation per local stage forward and one
-    gradient backward (the local hidden state: d/T under btp and sequence-parallel
-    full-rank, all of d under vanilla)."""
+    gradient backward (the local hidden state, as the dry run's stage inputs: d/T
+    under btp and sequence-parallel full-rank, all of d under vanilla)."""
     if L.pp == 1:
         return 0.0
-    width = w["res"] + (
-        0 if a.arch != "lax" else sum(w["lat"].values()) if L.plan != "vanilla" else 0
-    )
+    # LaX hands its carried latents on whole with the hidden state (every plan)
+    lax = sum(s[2] for s in a.projection_shapes().values()) if a.arch == "lax" else 0
+    width = w["res"] + lax
     nbytes = t * width * BF16
     stride = L.world // L.pp  # ranks of consecutive stages are this far apart
     bw = _link_bw(hw, eff, L, span=stride + 1, n=2)

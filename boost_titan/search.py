@@ -491,13 +491,13 @@ def _verify_first(chosen, ranked, model, flavor, gpus, hw, headroom, log):
 
 def format_results(cands: list[Candidate], hw: GPU, gpus: int) -> str:
     lines = [
-        f"{'#':>2s} {'layout':62s} {'tokens/s':>10s} {'step s':>7s} {'mem GiB':>8s}",
+        f"{'#':>2s} {'layout':68s} {'tokens/s':>10s} {'step s':>7s} {'mem GiB':>8s}",
     ]
     for k, c in enumerate(cands, 1):
         mem = c.memory["total"] / GIB
         ver = f" (dry run {c.verified['peak_bytes'] / GIB:.1f})" if c.verified else ""
         lines.append(
-            f"{k:2d} {c.layout.describe():62s} {c.tokens_per_s:10,.0f} "
+            f"{k:2d} {c.layout.describe():68s} {c.tokens_per_s:10,.0f} "
             f"{c.breakdown.step_s:7.2f} {mem:8.1f}{ver}"
         )
     if cands:
