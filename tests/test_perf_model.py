@@ -1,5 +1,6 @@
-"""The step-time model (boost_titan.perf_model), its hardware table and calibration, and
-the layout search (boost_titan.search, ``plan --search``).
+"""The step-time model (boost_titan.perf_model), its hardware table, its calibration
+(boost_titan.perf_calibration) and the layout search (boost_titan.search, ``plan
+--search``).
 
 Each term of the model is checked against a closed form computed here by hand from
 the model's shapes (not by calling the model's own helpers); the calibration must
@@ -15,7 +16,7 @@ import re
 import pytest
 from helpers import run_main
 
-from boost_titan import hardware, perf_model
+from boost_titan import hardware, perf_calibration, perf_model
 from boost_titan.perf_model import Efficiency, Layout, ring_time, step_time
 
 EFF = Efficiency(gemm=0.7, hbm=0.6, link=0.5, alpha_s=1e-5)
@@ -149,7 +150,7 @@ def test_fsdp_hidden_when_fast_exposed_when_slow():
 
 
 def test_calibration_orders_plans_as_the_paper_at_every_point():
-    cal = perf_model.calibration()
+    cal = perf_calibration.calibration()
     assert len(cal["rows"]) == 16 and len(cal["order"]) == 6
     for group, o in cal["order"].items():
         assert o["ok"], (group, o)
@@ -181,13 +182,13 @@ def test_refit_on_a_gpu_check_file_recovers_its_efficiency(tmp_path):
             }
         )
     )
-    got_hw, eff, report = perf_model.calibrate_from_gpu_check(str(path))
+    got_hw, eff, report = perf_calibration.calibrate_from_gpu_check(str(path))
     assert got_hw.name == "h100-80"
     assert eff.gemm == pytest.approx(0.62, rel=1e-3) and eff.hbm == pytest.approx(0.55, rel=1e-3)
     assert "e_gemm 0.620" in report
     (tmp_path / "bad.json").write_text(json.dumps({"versions": {}}))
     with pytest.raises(ValueError, match="no 'gemm' section"):
-        perf_model.calibrate_from_gpu_check(str(tmp_path / "bad.json"))
+        perf_calibration.calibrate_from_gpu_check(str(tmp_path / "bad.json"))
 
 
 @pytest.mark.parametrize(
