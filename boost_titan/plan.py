@@ -4,6 +4,8 @@ every tensor-parallel plan for a model, without running it.
     python -m boost_titan.plan --model cola_llama2 --flavor 7b --tp 4 --batch 4 --seq 4096
     python -m boost_titan.plan ... --json
     python -m boost_titan.plan ... --no-memory    # communication and GEMMs only, no trace
+    python -m boost_titan.plan --search --model cola_llama2 --flavor 13b --gpus 32 --gpu h100-80
+        # the fastest layout that fits (boost_titan.search; --write recipes/X.toml)
 
 Collectives are listed exactly as the plans issue them (tests compare them with the
 counted ones). "Volume" is the all-reduce-equivalent payload the BOOST paper reports:
@@ -510,7 +512,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="skip the traced per-rank memory: communication and GEMMs only (seconds faster)",
     )
+    from boost_titan.search import add_arguments, run_search
+
+    add_arguments(p)  # --search and its options: boost_titan.search
     a = p.parse_args(argv)
+    if a.search:
+        raise SystemExit(run_search(a))
     table = flavors_for(MODEL_ARCH[a.model])
     if a.flavor not in table:
         p.error(f"unknown flavor {a.flavor!r}; valid: {sorted(table)}")
