@@ -259,7 +259,7 @@ def exported(seed_checkpoint, tmp_path_factory):
     )
     bf16 = root / "bf16"
     _cli(
-        "export", "--format", "hf", "--from", str(seed), "--to", str(bf16),
+        "export", "--format", "hf", "--hf-layout", "boost", "--from", str(seed), "--to", str(bf16),
         "--dtype", "bfloat16", "--max-shard-size", "1MB",
     )  # fmt: skip
     return {"root": root, "seed": seed, "first": first, "again": again, "bf16": bf16}

@@ -34,7 +34,6 @@ cannot hold (a GQA CoLA in the authors' layout) is refused when the trainer is b
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -44,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 
-from boost_titan.hf import FORMATS, HFFormat, HFFormatError
+from boost_titan.hf import HFFormat, HFFormatError
 from boost_titan.models.args import LlamaArgs
 
 # [model] name -> the HF layout its state dict adapter writes and reads
@@ -57,16 +56,10 @@ LAYOUT_OF_MODEL = {
 
 
 def hf_format(name: str) -> HFFormat:
-    """The registered layout ``name``, importing ``boost_titan.hf.<name>_format``."""
-    if name not in FORMATS:
-        try:
-            importlib.import_module(f"boost_titan.hf.{name}_format")
-        except ModuleNotFoundError as e:
-            raise HFFormatError(
-                f"Hugging Face layout {name!r} is not available ({e}); layouts here: "
-                f"{sorted(FORMATS)}"
-            ) from None
-    return FORMATS[name]
+    """The layout ``name`` (one registry: :func:`boost_titan.hf.folder.get_format`)."""
+    from boost_titan.hf.folder import get_format
+
+    return get_format(name)
 
 
 class FormatStateDictAdapter(StateDictAdapter):

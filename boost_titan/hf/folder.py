@@ -36,7 +36,7 @@ import torch
 from boost_titan.hf import FORMATS, HFFormat, HFFormatError
 from boost_titan.models.args import LlamaArgs, _check_tokenizer_vocab
 
-# the modules that register a layout in FORMATS (each imported when present)
+# the modules that register a layout in FORMATS
 _FORMAT_MODULES = ("boost_format", "llama_format", "cola_format")
 # config.json's model_type -> the layout that reads it
 MODEL_TYPES = {"boost_llama": "boost", "llama": "llama", "cola": "cola"}
@@ -54,11 +54,9 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 # ----------------------------------------------------------------------------- layouts
 def formats() -> dict[str, HFFormat]:
-    """Every layout this install has (importing the modules that register them)."""
+    """Every layout (importing the modules that register them)."""
     for module in _FORMAT_MODULES:
-        name = f"boost_titan.hf.{module}"
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name)
+        importlib.import_module(f"boost_titan.hf.{module}")
     return FORMATS
 
 
@@ -77,22 +75,18 @@ def get_format(name: str, arch: str | None = None) -> HFFormat:
 
 
 def default_layout(arch: str) -> str:
-    """llama for dense, cola for CoLA (once registered), boost otherwise."""
-    preferred = _PREFERRED.get(arch)
-    table = formats()
-    if preferred in table and arch in table[preferred].archs:
-        return preferred
-    return "boost"
+    """llama for dense, cola for CoLA, boost otherwise."""
+    return _PREFERRED.get(arch, "boost")
 
 
 def format_for_config(config: dict[str, Any], where: str = "config.json") -> HFFormat:
     """The layout that reads a config.json, by its ``model_type``."""
     model_type = config.get("model_type")
     name = MODEL_TYPES.get(model_type)
-    if name is None or name not in formats():
-        known = sorted(t for t, n in MODEL_TYPES.items() if n in formats())
+    if name is None:
+        known = sorted(MODEL_TYPES)
         raise HFFormatError(f"{where} has model_type {model_type!r}; readable: {known}")
-    return FORMATS[name]
+    return formats()[name]
 
 
 def model_identity(args: LlamaArgs) -> dict[str, Any]:
