@@ -109,7 +109,7 @@ def test_loads_through_the_trainers_function(tok_dir):
 
 def test_short_training_run(tok_dir, corpus, tmp_path):
     """Two steps of the debug model on the user's data with the user's tokenizer, and a
-    validation pass (through boost_titan's validator) on the same data."""
+    validation pass (through boost_titan's validator) on every 4th document, held out."""
     from helpers import run_training
 
     data = tmp_path / "train.jsonl"
@@ -126,10 +126,10 @@ def test_short_training_run(tok_dir, corpus, tmp_path):
         str(data),
         "--training.steps",
         "2",
+        "--training.dataset_holdout_every",
+        "4",
         "--validation.dataset",
-        "local_text",
-        "--validation.dataset_path",
-        str(data),
+        "local_text_holdout",
         "--validation.steps",
         "1",
         "--checkpoint.no-enable",

@@ -128,7 +128,7 @@ README_COMMANDS = {
     ".venv/bin/python -m boost_titan.checkpoint export --format hf": "the same command on the "
     "debug_cola seed checkpoint (same model): tests/test_hf_export.py::"
     "test_hf_dcp_hf_round_trip_is_bitwise (its fixture exports, imports, exports again)",
-    ".venv/bin/python -m boost_titan.eval": "with --limit 2: "
+    ".venv/bin/python -m boost_titan.eval": "on 3 short validation documents (--data): "
     "tests/test_hf_eval.py::test_lm_eval_perplexity_equals_the_trainers_model",
     ".venv/bin/python -m boost_titan.checkpoint import --format hf": "the same command: "
     "tests/test_hf_export.py::test_hf_dcp_hf_round_trip_is_bitwise",

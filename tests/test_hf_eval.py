@@ -22,7 +22,7 @@ from test_hf_export import _ours
 from boost_titan import eval as boost_eval
 from boost_titan.hf.folder import write_hf_folder
 
-LIMIT = 2  # documents of ~3000 tokens each: 24 windows of 128
+LIMIT = 3
 
 
 def _rolling_nll(model, ids: list[int], bos: int, max_len: int) -> float:
@@ -50,35 +50,39 @@ def test_lm_eval_perplexity_equals_the_trainers_model(tmp_path, corpus_dir):
     folder = write_hf_folder(
         model.state_dict(), model.model_args, "boost", corpus_dir / "tokenizer", tmp_path / "hf"
     )
+    # the validation split's first documents, cut to ~2000 characters (a few hundred
+    # tokens: short and long last windows), under another field name: --data's path
+    docs = [
+        d[: 1500 + 250 * i]
+        for i, d in enumerate(boost_eval.documents(boost_eval.ppl_task(), "text", LIMIT))
+    ]
+    data = tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps({"content": d}) + "\n" for d in docs))
     out = tmp_path / "eval.json"
-    # the README's command (docs/huggingface.md), with a limit
+    # the README's command (docs/huggingface.md), on your own documents
     proc = run_main(
-        "boost_titan.eval", "--model", str(folder), "--limit", str(LIMIT), "--output", str(out)
-    )
+        "boost_titan.eval", "--model", str(folder), "--data", str(data), "--text-field", "content",
+        "--output", str(out),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nats/token" in proc.stdout and "byte_perplexity" in proc.stdout
     result = json.loads(out.read_text())
-    metrics = result["results"]["boost_corpus_ppl"]
+    metrics = result["results"]["boost_corpus_ppl_held_out"]
 
-    docs = boost_eval.documents(boost_eval.ppl_task(), "text", LIMIT)
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     max_len = model.model_args.max_seq_len
-    nll = sum(
-        _rolling_nll(
-            model, tok(d, add_special_tokens=False)["input_ids"], tok.bos_token_id, max_len
-        )
-        for d in docs
-    )
+    ids = [tok(d, add_special_tokens=False)["input_ids"] for d in docs]
+    nll = sum(_rolling_nll(model, i, tok.bos_token_id, max_len) for i in ids)
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
     n_words = sum(len(re.split(r"\s+", d)) for d in docs)
-    n_tokens = sum(len(tok(d, add_special_tokens=False)["input_ids"]) for d in docs)
-    assert n_tokens > 4 * max_len  # rolling windows really exercised
+    n_tokens = sum(map(len, ids))
+    assert all(len(i) > 4 * max_len and len(i) % max_len for i in ids)  # windows, short last
 
     assert math.isclose(metrics["byte_perplexity,none"], math.exp(nll / n_bytes), rel_tol=1e-5)
     assert math.isclose(metrics["word_perplexity,none"], math.exp(nll / n_words), rel_tol=1e-5)
     assert math.isclose(metrics["bits_per_byte,none"], nll / n_bytes / math.log(2), rel_tol=1e-5)
     conv = result["conversion"]
-    assert (conv["documents"], conv["bytes"], conv["tokens"]) == (LIMIT, n_bytes, n_tokens)
+    assert (conv["documents"], conv["bytes"], conv["tokens"]) == (len(docs), n_bytes, n_tokens)
     assert math.isclose(conv["nats_per_token"], nll / n_tokens, rel_tol=1e-5)
 
 
