@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from operator import itemgetter
 
+from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import (
     HuggingFaceTextDataset,
     build_text_dataloader,
@@ -37,7 +38,7 @@ from torchtitan.hf_datasets.text_datasets import (
 )
 from torchtitan.tools.logging import logger
 
-from boost_titan import local_text
+from boost_titan import corpus_fingerprint, local_text
 from boost_titan.dataloader_workers import check_workers
 from boost_titan.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, Corpus
 
@@ -97,6 +98,12 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
     )
 
 
+def corpus_is_map_style(data) -> bool:
+    from datasets import Dataset
+
+    return isinstance(data, Dataset)
+
+
 class LocalTextDataset(HuggingFaceTextDataset):
     """torchtitan's text dataset over a local corpus, with the streamed position's epoch
     restored on resume and an empty share refused."""
@@ -118,6 +125,11 @@ class LocalTextDataset(HuggingFaceTextDataset):
         self._sample_idx = 0
         self._token_buffer: list[int] = []
         self._empty_passes = 0
+        self._corpus_path = corpus.path
+        # the files this position is over, saved with it and checked on resume
+        self._fingerprint = (
+            corpus_fingerprint.fingerprint(corpus, dp_world_size) if corpus.streamed else None
+        )
         self._share = describe_share(
             corpus, name, None if corpus.streamed else len(data), dp_rank, dp_world_size
         )
@@ -138,10 +150,45 @@ class LocalTextDataset(HuggingFaceTextDataset):
                 f"no document ({self._share}); use fewer data-parallel ranks or more documents"
             )
 
+    def __iter__(self):
+        self._own_epoch()
+        yield from super().__iter__()
+
+    def _own_epoch(self, epoch: int | None = None) -> None:
+        """Give this process its own pass counter. datasets keeps an IterableDataset's
+        epoch in a shared-memory tensor that every DataLoader worker forked from this
+        dataset shares: each worker's re-loop (torchtitan's ``set_epoch(epoch + 1)``)
+        would bump the others' epoch, which picks the file order of their next pass
+        (datasets shuffles the files by epoch) and keys their resume, so the batches
+        depended on the workers' timing and a resume was not exact."""
+        if not corpus_is_map_style(self._data):
+            self._data._epoch = int(self._data._epoch if epoch is None else epoch)
+
+    def state_dict(self):
+        state = super().state_dict()
+        # torchtitan returns its live token buffer, which __iter__ extends in place: a
+        # DataLoader worker's state is pickled by its queue's feeder thread while the
+        # worker goes on reading, so the saved buffer could hold later tokens.
+        state["token_buffer"] = list(state["token_buffer"])
+        if self._fingerprint is not None:
+            state[corpus_fingerprint.KEY] = self._fingerprint
+        return state
+
+    def check_fingerprint(self, state_dict) -> None:
+        """Refuse (one line) a saved streamed position over other files than these."""
+        if self._fingerprint is not None:
+            corpus_fingerprint.check(
+                state_dict.get(corpus_fingerprint.KEY),
+                self._fingerprint,
+                self.dataset_name,
+                self._corpus_path,
+            )
+
     def load_state_dict(self, state_dict):
+        self.check_fingerprint(state_dict)
         super().load_state_dict(state_dict)
         if "data" in state_dict:  # streamed: datasets resumes only within the saved epoch
-            self._data.set_epoch(state_dict["data"]["epoch"])
+            self._own_epoch(state_dict["data"]["epoch"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,20 +223,79 @@ def corpus_for(job_config, section: str) -> Corpus:
     return split[1 if s.dataset == HOLDOUT_DATASET else 0]
 
 
-def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):
-    from torchtitan.components.dataloader import ParallelAwareDataloader
+def files_per_rank(corpus: Corpus, dp_world_size: int) -> int:
+    """Files each rank's stream holds: a share of them by file, all of them by sample."""
+    n = len(corpus.files)
+    return n // dp_world_size if n % dp_world_size == 0 else n
 
+
+def check_stream_workers(corpus: Corpus, dp_world_size: int, num_workers: int, section: str):
+    """An endless stream needs a file per DataLoader worker: datasets gives each
+    worker whole files (worker w of a rank reads its files w, w + num_workers, ...)
+    and a worker with none would yield nothing forever."""
+    per_rank = files_per_rank(corpus, dp_world_size)
+    if corpus.streamed and 0 < per_rank < num_workers:
+        raise local_text.CorpusError(
+            f"[{section}.dataloader] num_workers = {num_workers}: each of the "
+            f"{dp_world_size} data-parallel ranks streams {per_rank} of the "
+            f"{len(corpus.files)} files of {corpus.path!r} and a DataLoader worker reads "
+            f"whole files, so {num_workers - per_rank} worker(s) per rank would have "
+            f"none; set num_workers <= {per_rank}, or split the corpus into more files"
+        )
+
+
+def _worker_count(state) -> int:
+    return len(state["_snapshot"]["_worker_snapshots"]) if "_snapshot" in state else 0
+
+
+def _dataset_states(state) -> list:
+    if "_snapshot" in state:
+        return [w.get("dataset_state") for w in state["_snapshot"]["_worker_snapshots"].values()]
+    return [state.get("dataset_state")]
+
+
+class LocalTextDataloader(ParallelAwareDataloader):
+    """torchtitan's loader over :class:`LocalTextDataset`, checking a saved position in
+    this process before it is handed on: with DataLoader workers each worker loads its
+    own part, and a refusal raised there would end the worker with a traceback instead
+    of the run with one line."""
+
+    def load_state_dict(self, state_dict) -> None:
+        from boost_titan import safe_metadata
+        from boost_titan.data_resume import DataResumeError
+
+        blob = state_dict.get(self._rank_id) if state_dict else None
+        if isinstance(blob, (bytes, bytearray)):
+            state = safe_metadata.dataloader_state(blob, self._rank_id)
+            saved = _worker_count(state)
+            if saved != self.num_workers:  # torchdata: a bare AssertionError
+                raise DataResumeError(
+                    f"{self.dataset.dataset_name}: the checkpoint's data position was saved "
+                    f"with [training.dataloader] num_workers = {saved} (one position per "
+                    f"worker), this run has num_workers = {self.num_workers}; resume with "
+                    f"num_workers = {saved}, or {corpus_fingerprint.RESTART}"
+                )
+            for dataset_state in _dataset_states(state):
+                if dataset_state is not None:
+                    self.dataset.check_fingerprint(dataset_state)
+        super().load_state_dict(state_dict)
+
+
+def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):
     s = getattr(job_config, section)
+    corpus = corpus_for(job_config, section)
+    if infinite:
+        check_stream_workers(corpus, dp_world_size, s.dataloader.num_workers, section)
     dataset = LocalTextDataset(
         s.dataset,
-        corpus_for(job_config, section),
+        corpus,
         tokenizer,
         s.seq_len,
         dp_rank,
         dp_world_size,
         infinite,
     )
-    return ParallelAwareDataloader(
+    return LocalTextDataloader(
         dataset,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
