@@ -236,9 +236,9 @@ def check_stream_workers(corpus: Corpus, dp_world_size: int, num_workers: int, s
     per_rank = files_per_rank(corpus, dp_world_size)
     if corpus.streamed and 0 < per_rank < num_workers:
         raise local_text.CorpusError(
-            f"[{section}.dataloader] num_workers = {num_workers}: each of the "
-            f"{dp_world_size} data-parallel ranks streams {per_rank} of the "
-            f"{len(corpus.files)} files of {corpus.path!r} and a DataLoader worker reads "
+            f"[{section}.dataloader] num_workers = {num_workers}: each data-parallel rank "
+            f"({dp_world_size} in all) streams {per_rank} of the {len(corpus.files)} "
+            f"files of {corpus.path!r} and a DataLoader worker reads "
             f"whole files, so {num_workers - per_rank} worker(s) per rank would have "
             f"none; set num_workers <= {per_rank}, or split the corpus into more files"
         )
