@@ -717,3 +717,35 @@ def test_dp2_log_lines_and_holdout_validation(runs):
     assert f"{train} for validation), {tail}" in out
     assert f"{val} held out for validation), {tail}" in out
     assert sorted(sample_full.val_loss[0]) == [1, 2, 4]
+
+
+@pytest.mark.slow
+def test_dp2_resume_over_changed_files(runs, tmp_path):
+    """A real resume over a changed corpus (a document appended to one training file):
+    refused in one line at the checkpoint load, before step 3, on both ranks; resumed
+    with the refusal's way forward, --checkpoint.exclude_from_loading dataloader
+    (model, optimizer and step from the checkpoint, the data from its first document)."""
+    folder, _, (full, _), _ = runs
+    changed = tmp_path / "corpus"
+    shutil.copytree(folder, changed)
+    size = (changed / "part-001.jsonl").stat().st_size
+    more = json.dumps({"text": "one more document"}) + "\n"
+    with open(changed / "part-001.jsonl", "a") as f:
+        f.write(more)
+    data = (
+        "--training.dataset", "local_text", "--training.dataset_path", str(changed),
+        "--training.dataset_holdout_files", "1", "--validation.no-enable",
+    )  # fmt: skip
+    step2 = full.dump_folder / "checkpoint" / "step-2"
+    shutil.copytree(step2, tmp_path / "refused" / "checkpoint" / "step-2")
+    refused = run_training(CONFIG, 2, tmp_path / "refused", *RUN, *data, expect_failure=True)
+    line = f"part-001.jsonl was {size} bytes at the checkpoint, now {size + len(more)};"
+    for rank in (0, 1):
+        assert any(line in x for x in _rank_lines(refused.output, rank)), refused.output[-3000:]
+    assert "Traceback" not in refused.output and not refused.loss
+    shutil.copytree(step2, tmp_path / "restarted" / "checkpoint" / "step-2")
+    restarted = run_training(
+        CONFIG, 2, tmp_path / "restarted", *RUN, *data,
+        "--checkpoint.exclude_from_loading", "dataloader",
+    )  # fmt: skip
+    assert sorted(restarted.loss[0]) == [3, 4]
