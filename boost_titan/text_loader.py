@@ -20,7 +20,15 @@ position when the dataset's epoch equals the saved one; torchtitan's
 ``load_state_dict`` does not restore the epoch, so a checkpoint saved after the first
 re-loop (epoch >= 1) resumed from the corpus' start. :class:`LocalTextDataset` restores
 it. It also stops, in one line, a rank whose share holds no document (an endless loop
-over nothing would hang the run).
+over nothing would hang the run). Each saved position records the files it is over
+(:mod:`boost_titan.corpus_fingerprint`): a resume over changed files is refused.
+
+DataLoader workers (``[training.dataloader] num_workers``): datasets gives each worker
+whole files of the rank's share; :class:`LocalTextDataset` keeps the pass counter per
+process and saves a copy of its token buffer, without which the workers' order and
+resume depended on timing; :class:`LocalTextDataloader` checks a saved position in the
+main process (a worker's refusal would be a traceback); :func:`check_stream_workers`
+refuses more workers than a rank has files.
 """
 
 from __future__ import annotations
