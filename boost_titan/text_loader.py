@@ -61,7 +61,9 @@ def _names(files) -> str:
     return shown + (f", ... ({len(files)} in all)" if len(files) > 3 else "")
 
 
-def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, world: int) -> str:
+def describe_share(
+    corpus: Corpus, name: str, n_docs: int | None, rank: int, world: int, workers: int = 0
+) -> str:
     """The one log line of a local corpus: files, format, streamed or map-style, the
     sharding rule and this rank's share."""
     head = f"{name}: {corpus.path}"
@@ -91,19 +93,32 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
         f"{corpus.text_field!r}{held}), streamed (read as training consumes them, no cache copy)"
     )
     if world == 1:
-        return f"{head}: {what}, one data-parallel rank: rank 0 reads every file"
-    if n % world == 0:
+        share = f"{head}: {what}, one data-parallel rank: rank 0 reads every file"
+    elif n % world == 0:
         mine = list(corpus.files[rank::world])
-        return (
+        share = (
             f"{head}: {what}, sharded by file over {world} data-parallel ranks ({files} "
             f"divide by {world}): rank {rank} reads {len(mine)} files ({_names(mine)})"
         )
-    return (
-        f"{head}: {what}, sharded by sample over {world} data-parallel ranks ({files} "
-        f"{'does' if n == 1 else 'do'} not divide by {world}): rank {rank} reads "
-        f"{'the' if n == 1 else 'all'} {files} and keeps every {_ordinal(world)} document "
-        f"from the {_ordinal(rank + 1)}"
-    )
+    else:
+        share = (
+            f"{head}: {what}, sharded by sample over {world} data-parallel ranks ({files} "
+            f"{'does' if n == 1 else 'do'} not divide by {world}): rank {rank} reads "
+            f"{'the' if n == 1 else 'all'} {files} and keeps every {_ordinal(world)} document "
+            f"from the {_ordinal(rank + 1)}"
+        )
+    if workers:  # datasets' split among a rank's DataLoader workers
+        keeps = (
+            f", each keeping every {_ordinal(world)} document of its own files from the "
+            f"{_ordinal(rank + 1)}"
+            if world > 1 and n % world
+            else ""
+        )
+        share += (
+            f", in {workers} DataLoader workers (worker w reads the rank's files w, "
+            f"w + {workers}, ...{keeps}; batches from each in turn)"
+        )
+    return share
 
 
 def corpus_is_map_style(data) -> bool:
@@ -116,7 +131,9 @@ class LocalTextDataset(HuggingFaceTextDataset):
     """torchtitan's text dataset over a local corpus, with the streamed position's epoch
     restored on resume and an empty share refused."""
 
-    def __init__(self, name, corpus, tokenizer, seq_len, dp_rank, dp_world_size, infinite):
+    def __init__(
+        self, name, corpus, tokenizer, seq_len, dp_rank, dp_world_size, infinite, workers=0
+    ):
         from datasets import load_from_disk
         from datasets.distributed import split_dataset_by_node
 
@@ -139,7 +156,12 @@ class LocalTextDataset(HuggingFaceTextDataset):
             corpus_fingerprint.fingerprint(corpus, dp_world_size) if corpus.streamed else None
         )
         self._share = describe_share(
-            corpus, name, None if corpus.streamed else len(data), dp_rank, dp_world_size
+            corpus,
+            name,
+            None if corpus.streamed else len(data),
+            dp_rank,
+            dp_world_size,
+            workers if corpus.streamed else 0,  # (map-style with workers: refused)
         )
         logger.info(self._share)
 
@@ -302,6 +324,7 @@ def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):
         dp_rank,
         dp_world_size,
         infinite,
+        s.dataloader.num_workers,
     )
     return LocalTextDataloader(
         dataset,

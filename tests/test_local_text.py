@@ -259,7 +259,8 @@ def _packed_batches(docs: list[str], seq_len: int, batch: int) -> list[list[list
 def _loader(corpus, rank, world, workers, infinite=True, seq_len=16):
     from boost_titan.text_loader import LocalTextDataloader, LocalTextDataset
 
-    ds = LocalTextDataset("local_text", corpus, _tokenizer(), seq_len, rank, world, infinite)
+    tok = _tokenizer()
+    ds = LocalTextDataset("local_text", corpus, tok, seq_len, rank, world, infinite, workers)
     return LocalTextDataloader(
         ds, dp_rank=rank, dp_world_size=world, batch_size=2, num_workers=workers
     )
@@ -290,6 +291,8 @@ def test_dataloader_workers_read_each_document_once_and_resume_exactly(tmp_path)
     uninterrupted loader's batches; (c) the same loader twice gives the same batches.
     Before LocalTextDataset kept its epoch per process and copied its token buffer,
     (b) failed for every K and (c) for one rank (the workers shared datasets' epoch)."""
+    from boost_titan.text_loader import describe_share
+
     for corpus, world, per_file in _workers_corpora(tmp_path):
         by_file = len(per_file) % world == 0
         read = []  # every document each worker of each rank reads in one pass
@@ -320,6 +323,18 @@ def test_dataloader_workers_read_each_document_once_and_resume_exactly(tmp_path)
                 resumed.load_state_dict(state)
                 assert _take(iter(resumed), n - k) == reference[k:], (world, rank, k)
             assert max(epochs) >= 2, epochs  # resumed after re-loops of both workers
+        assert describe_share(corpus, "local_text", None, world - 1, world, 2).endswith(
+            {
+                (2, True): "rank 1 reads 2 files (p1.jsonl, p3.jsonl), in 2 DataLoader workers "
+                "(worker w reads the rank's files w, w + 2, ...; batches from each in turn)",
+                (2, False): "rank 1 reads all 3 files and keeps every 2nd document from the "
+                "2nd, in 2 DataLoader workers (worker w reads the rank's files w, w + 2, ..., "
+                "each keeping every 2nd document of its own files from the 2nd; batches from "
+                "each in turn)",
+                (1, True): "rank 0 reads every file, in 2 DataLoader workers (worker w reads "
+                "the rank's files w, w + 2, ...; batches from each in turn)",
+            }[world, by_file]
+        )
         # (a) over the data-parallel group: every document once, none missing
         assert sorted(read) == sorted(d for f in per_file for d in f), world
 
