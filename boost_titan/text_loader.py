@@ -20,7 +20,15 @@ position when the dataset's epoch equals the saved one; torchtitan's
 ``load_state_dict`` does not restore the epoch, so a checkpoint saved after the first
 re-loop (epoch >= 1) resumed from the corpus' start. :class:`LocalTextDataset` restores
 it. It also stops, in one line, a rank whose share holds no document (an endless loop
-over nothing would hang the run).
+over nothing would hang the run). Each saved position records the files it is over
+(:mod:`boost_titan.corpus_fingerprint`): a resume over changed files is refused.
+
+DataLoader workers (``[training.dataloader] num_workers``): datasets gives each worker
+whole files of the rank's share; :class:`LocalTextDataset` keeps the pass counter per
+process and saves a copy of its token buffer, without which the workers' order and
+resume depended on timing; :class:`LocalTextDataloader` checks a saved position in the
+main process (a worker's refusal would be a traceback); :func:`check_stream_workers`
+refuses more workers than a rank has files.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from operator import itemgetter
 
+from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import (
     HuggingFaceTextDataset,
     build_text_dataloader,
@@ -37,7 +46,7 @@ from torchtitan.hf_datasets.text_datasets import (
 )
 from torchtitan.tools.logging import logger
 
-from boost_titan import local_text
+from boost_titan import corpus_fingerprint, local_text
 from boost_titan.dataloader_workers import check_workers
 from boost_titan.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, Corpus
 
@@ -52,7 +61,9 @@ def _names(files) -> str:
     return shown + (f", ... ({len(files)} in all)" if len(files) > 3 else "")
 
 
-def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, world: int) -> str:
+def describe_share(
+    corpus: Corpus, name: str, n_docs: int | None, rank: int, world: int, workers: int = 0
+) -> str:
     """The one log line of a local corpus: files, format, streamed or map-style, the
     sharding rule and this rank's share."""
     head = f"{name}: {corpus.path}"
@@ -82,26 +93,47 @@ def describe_share(corpus: Corpus, name: str, n_docs: int | None, rank: int, wor
         f"{corpus.text_field!r}{held}), streamed (read as training consumes them, no cache copy)"
     )
     if world == 1:
-        return f"{head}: {what}, one data-parallel rank: rank 0 reads every file"
-    if n % world == 0:
+        share = f"{head}: {what}, one data-parallel rank: rank 0 reads every file"
+    elif n % world == 0:
         mine = list(corpus.files[rank::world])
-        return (
+        share = (
             f"{head}: {what}, sharded by file over {world} data-parallel ranks ({files} "
             f"divide by {world}): rank {rank} reads {len(mine)} files ({_names(mine)})"
         )
-    return (
-        f"{head}: {what}, sharded by sample over {world} data-parallel ranks ({files} "
-        f"{'does' if n == 1 else 'do'} not divide by {world}): rank {rank} reads "
-        f"{'the' if n == 1 else 'all'} {files} and keeps every {_ordinal(world)} document "
-        f"from the {_ordinal(rank + 1)}"
-    )
+    else:
+        share = (
+            f"{head}: {what}, sharded by sample over {world} data-parallel ranks ({files} "
+            f"{'does' if n == 1 else 'do'} not divide by {world}): rank {rank} reads "
+            f"{'the' if n == 1 else 'all'} {files} and keeps every {_ordinal(world)} document "
+            f"from the {_ordinal(rank + 1)}"
+        )
+    if workers:  # datasets' split among a rank's DataLoader workers
+        keeps = (
+            f", each keeping every {_ordinal(world)} document of its own files from the "
+            f"{_ordinal(rank + 1)}"
+            if world > 1 and n % world
+            else ""
+        )
+        share += (
+            f", in {workers} DataLoader workers (worker w reads the rank's files w, "
+            f"w + {workers}, ...{keeps}; batches from each in turn)"
+        )
+    return share
+
+
+def corpus_is_map_style(data) -> bool:
+    from datasets import Dataset
+
+    return isinstance(data, Dataset)
 
 
 class LocalTextDataset(HuggingFaceTextDataset):
     """torchtitan's text dataset over a local corpus, with the streamed position's epoch
     restored on resume and an empty share refused."""
 
-    def __init__(self, name, corpus, tokenizer, seq_len, dp_rank, dp_world_size, infinite):
+    def __init__(
+        self, name, corpus, tokenizer, seq_len, dp_rank, dp_world_size, infinite, workers=0
+    ):
         from datasets import load_from_disk
         from datasets.distributed import split_dataset_by_node
 
@@ -118,8 +150,18 @@ class LocalTextDataset(HuggingFaceTextDataset):
         self._sample_idx = 0
         self._token_buffer: list[int] = []
         self._empty_passes = 0
+        self._corpus_path = corpus.path
+        # the files this position is over, saved with it and checked on resume
+        self._fingerprint = (
+            corpus_fingerprint.fingerprint(corpus, dp_world_size) if corpus.streamed else None
+        )
         self._share = describe_share(
-            corpus, name, None if corpus.streamed else len(data), dp_rank, dp_world_size
+            corpus,
+            name,
+            None if corpus.streamed else len(data),
+            dp_rank,
+            dp_world_size,
+            workers if corpus.streamed else 0,  # (map-style with workers: refused)
         )
         logger.info(self._share)
 
@@ -138,10 +180,45 @@ class LocalTextDataset(HuggingFaceTextDataset):
                 f"no document ({self._share}); use fewer data-parallel ranks or more documents"
             )
 
+    def __iter__(self):
+        self._own_epoch()
+        yield from super().__iter__()
+
+    def _own_epoch(self, epoch: int | None = None) -> None:
+        """Give this process its own pass counter. datasets keeps an IterableDataset's
+        epoch in a shared-memory tensor that every DataLoader worker forked from this
+        dataset shares: each worker's re-loop (torchtitan's ``set_epoch(epoch + 1)``)
+        would bump the others' epoch, which picks the file order of their next pass
+        (datasets shuffles the files by epoch) and keys their resume, so the batches
+        depended on the workers' timing and a resume was not exact."""
+        if not corpus_is_map_style(self._data):
+            self._data._epoch = int(self._data._epoch if epoch is None else epoch)
+
+    def state_dict(self):
+        state = super().state_dict()
+        # torchtitan returns its live token buffer, which __iter__ extends in place: a
+        # DataLoader worker's state is pickled by its queue's feeder thread while the
+        # worker goes on reading, so the saved buffer could hold later tokens.
+        state["token_buffer"] = list(state["token_buffer"])
+        if self._fingerprint is not None:
+            state[corpus_fingerprint.KEY] = self._fingerprint
+        return state
+
+    def check_fingerprint(self, state_dict) -> None:
+        """Refuse (one line) a saved streamed position over other files than these."""
+        if self._fingerprint is not None:
+            corpus_fingerprint.check(
+                state_dict.get(corpus_fingerprint.KEY),
+                self._fingerprint,
+                self.dataset_name,
+                self._corpus_path,
+            )
+
     def load_state_dict(self, state_dict):
+        self.check_fingerprint(state_dict)
         super().load_state_dict(state_dict)
         if "data" in state_dict:  # streamed: datasets resumes only within the saved epoch
-            self._data.set_epoch(state_dict["data"]["epoch"])
+            self._own_epoch(state_dict["data"]["epoch"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,20 +253,80 @@ def corpus_for(job_config, section: str) -> Corpus:
     return split[1 if s.dataset == HOLDOUT_DATASET else 0]
 
 
-def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):
-    from torchtitan.components.dataloader import ParallelAwareDataloader
+def files_per_rank(corpus: Corpus, dp_world_size: int) -> int:
+    """Files each rank's stream holds: a share of them by file, all of them by sample."""
+    n = len(corpus.files)
+    return n // dp_world_size if n % dp_world_size == 0 else n
 
+
+def check_stream_workers(corpus: Corpus, dp_world_size: int, num_workers: int, section: str):
+    """An endless stream needs a file per DataLoader worker: datasets gives each
+    worker whole files (worker w of a rank reads its files w, w + num_workers, ...)
+    and a worker with none would yield nothing forever."""
+    per_rank = files_per_rank(corpus, dp_world_size)
+    if corpus.streamed and 0 < per_rank < num_workers:
+        raise local_text.CorpusError(
+            f"[{section}.dataloader] num_workers = {num_workers}: each data-parallel rank "
+            f"({dp_world_size} in all) streams {per_rank} of the {len(corpus.files)} "
+            f"files of {corpus.path!r} and a DataLoader worker reads "
+            f"whole files, so {num_workers - per_rank} worker(s) per rank would have "
+            f"none; set num_workers <= {per_rank}, or split the corpus into more files"
+        )
+
+
+def _worker_count(state) -> int:
+    return len(state["_snapshot"]["_worker_snapshots"]) if "_snapshot" in state else 0
+
+
+def _dataset_states(state) -> list:
+    if "_snapshot" in state:
+        return [w.get("dataset_state") for w in state["_snapshot"]["_worker_snapshots"].values()]
+    return [state.get("dataset_state")]
+
+
+class LocalTextDataloader(ParallelAwareDataloader):
+    """torchtitan's loader over :class:`LocalTextDataset`, checking a saved position in
+    this process before it is handed on: with DataLoader workers each worker loads its
+    own part, and a refusal raised there would end the worker with a traceback instead
+    of the run with one line."""
+
+    def load_state_dict(self, state_dict) -> None:
+        from boost_titan import safe_metadata
+        from boost_titan.data_resume import DataResumeError
+
+        blob = state_dict.get(self._rank_id) if state_dict else None
+        if isinstance(blob, (bytes, bytearray)):
+            state = safe_metadata.dataloader_state(blob, self._rank_id)
+            saved = _worker_count(state)
+            if saved != self.num_workers:  # torchdata: a bare AssertionError
+                raise DataResumeError(
+                    f"{self.dataset.dataset_name}: the checkpoint's data position was saved "
+                    f"with [training.dataloader] num_workers = {saved} (one position per "
+                    f"worker), this run has num_workers = {self.num_workers}; resume with "
+                    f"num_workers = {saved}, or {corpus_fingerprint.RESTART}"
+                )
+            for dataset_state in _dataset_states(state):
+                if dataset_state is not None:
+                    self.dataset.check_fingerprint(dataset_state)
+        super().load_state_dict(state_dict)
+
+
+def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):
     s = getattr(job_config, section)
+    corpus = corpus_for(job_config, section)
+    if infinite:
+        check_stream_workers(corpus, dp_world_size, s.dataloader.num_workers, section)
     dataset = LocalTextDataset(
         s.dataset,
-        corpus_for(job_config, section),
+        corpus,
         tokenizer,
         s.seq_len,
         dp_rank,
         dp_world_size,
         infinite,
+        s.dataloader.num_workers,
     )
-    return ParallelAwareDataloader(
+    return LocalTextDataloader(
         dataset,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,

@@ -243,6 +243,199 @@ def test_resume_is_exact_after_reloops(tmp_path):
             assert epochs[0] == 0 and epochs[-1] >= 3, epochs  # re-looped several times
 
 
+def _tokens(docs: list[str]) -> list[int]:
+    tok = _tokenizer()
+    return [t for d in docs for t in tok.encode(d, add_bos=True, add_eos=True)]
+
+
+def _packed_batches(docs: list[str], seq_len: int, batch: int) -> list[list[list[int]]]:
+    """torchtitan's packing, written out: documents' tokens (BOS/EOS) concatenated and
+    cut into seq_len + 1 windows; the labels (window[1:]) in batches of ``batch``."""
+    tokens, n = _tokens(docs), seq_len + 1
+    labels = [tokens[i : i + n][1:] for i in range(0, len(tokens) - n + 1, n)]
+    return [labels[i : i + batch] for i in range(0, len(labels), batch)]
+
+
+def _loader(corpus, rank, world, workers, infinite=True, seq_len=16):
+    from boost_titan.text_loader import LocalTextDataloader, LocalTextDataset
+
+    tok = _tokenizer()
+    ds = LocalTextDataset("local_text", corpus, tok, seq_len, rank, world, infinite, workers)
+    return LocalTextDataloader(
+        ds, dp_rank=rank, dp_world_size=world, batch_size=2, num_workers=workers
+    )
+
+
+def _take(it, n: int) -> list:
+    return [next(it)[1].tolist() for _ in range(n)]
+
+
+def _workers_corpora(tmp_path):
+    """(corpus, dp world, the documents of each file): by file (4 files over 2 ranks:
+    one file per worker), by sample (3 files over 2 ranks: files 0, 2 and 1 per
+    worker), one rank (2 files per worker)."""
+    per_file = [_docs(60 + i, 3 + i, words=12) for i in range(4)]
+    for i, docs in enumerate(per_file):
+        _write(tmp_path / "w" / f"p{i}.jsonl", "jsonl", docs)
+    four = find_corpus(str(tmp_path / "w"))
+    three = local_text.Corpus(four.path, four.kind, four.files[:3])
+    return [(four, 2, per_file), (three, 2, per_file[:3]), (four, 1, per_file)]
+
+
+def test_dataloader_workers_read_each_document_once_and_resume_exactly(tmp_path):
+    """[training.dataloader] num_workers = 2 over the stream: (a) one pass (infinite =
+    False) is each worker's files read once, round-robin by batch, against the packing
+    written out here from the documents (each worker reads files w, w + 2, ... of its
+    rank's files; by sample it keeps every dp-th document of its own stream); (b)
+    interrupted after K batches (also after re-loops), a new loader continues with the
+    uninterrupted loader's batches; (c) the same loader twice gives the same batches.
+    Before LocalTextDataset kept its epoch per process and copied its token buffer,
+    (b) failed for every K and (c) for one rank (the workers shared datasets' epoch)."""
+    from boost_titan.text_loader import describe_share
+
+    for corpus, world, per_file in _workers_corpora(tmp_path):
+        by_file = len(per_file) % world == 0
+        read = []  # every document each worker of each rank reads in one pass
+        for rank in range(world):
+            files = per_file[rank::world] if by_file else per_file
+            streams = []
+            for w in range(2):
+                docs = [d for f in files[w::2] for d in f]
+                docs = docs if by_file else docs[rank::world]
+                read += docs
+                streams.append(_packed_batches(docs, 16, 2))
+            expected = []
+            for i in range(max(map(len, streams))):  # round-robin, then the longer one
+                expected += [s[i] for s in streams if i < len(s)]
+            one_pass = [b[1].tolist() for b in _loader(corpus, rank, world, 2, infinite=False)]
+            assert one_pass == expected, (world, rank)
+            n = 40
+            reference = _take(iter(_loader(corpus, rank, world, 2)), n)
+            assert _take(iter(_loader(corpus, rank, world, 2)), n) == reference  # (c)
+            epochs = []
+            for k in (3, 12, 27):
+                loader = _loader(corpus, rank, world, 2)
+                _take(iter(loader), k)
+                state = pickle.loads(pickle.dumps(loader.state_dict()))
+                workers = pickle.loads(state[f"dp_rank_{rank}"])["_snapshot"]["_worker_snapshots"]
+                epochs += [w["dataset_state"]["data"]["epoch"] for w in workers.values()]
+                resumed = _loader(corpus, rank, world, 2)
+                resumed.load_state_dict(state)
+                assert _take(iter(resumed), n - k) == reference[k:], (world, rank, k)
+            assert max(epochs) >= 2, epochs  # resumed after re-loops of both workers
+        assert describe_share(corpus, "local_text", None, world - 1, world, 2).endswith(
+            {
+                (2, True): "rank 1 reads 2 files (p1.jsonl, p3.jsonl), in 2 DataLoader workers "
+                "(worker w reads the rank's files w, w + 2, ...; batches from each in turn)",
+                (2, False): "rank 1 reads all 3 files and keeps every 2nd document from the "
+                "2nd, in 2 DataLoader workers (worker w reads the rank's files w, w + 2, ..., "
+                "each keeping every 2nd document of its own files from the 2nd; batches from "
+                "each in turn)",
+                (1, True): "rank 0 reads every file, in 2 DataLoader workers (worker w reads "
+                "the rank's files w, w + 2, ...; batches from each in turn)",
+            }[world, by_file]
+        )
+        # (a) over the data-parallel group: every document once, none missing
+        assert sorted(read) == sorted(d for f in per_file for d in f), world
+
+
+def test_resume_over_changed_files_is_refused_in_one_line(tmp_path):
+    """A saved stream position records its files (names, sizes), the holdout and the dp
+    degree; a resume over other files stops with one line naming the change (a
+    SystemExit: no traceback per rank), also with DataLoader workers (checked in the
+    main process, before a worker loads it). The same files copied elsewhere (new path,
+    new mtimes) and a state saved before the fingerprint existed resume exactly."""
+    from boost_titan.corpus_fingerprint import KEY
+    from boost_titan.data_resume import DataResumeError
+
+    root = tmp_path / "c"
+    for i in range(4):
+        _write(root / f"p{i}.jsonl", "jsonl", _docs(70 + i, 3, words=12))
+    corpus = find_corpus(str(root))
+    it = iter(_dataset(corpus, 0))
+    reference = [next(it)[1].tolist() for _ in range(12)]
+    ds = _dataset(corpus, 0)
+    it = iter(ds)
+    for _ in range(5):
+        next(it)
+    state = pickle.loads(pickle.dumps(ds.state_dict()))
+    assert state[KEY]["files"] == [[f"p{i}.jsonl", (root / f"p{i}.jsonl").stat().st_size]
+                                   for i in range(4)]  # fmt: skip
+
+    def resume(folder, state, *, every=0, rank=0, world=2):
+        c = find_corpus(str(folder))
+        c = split_every(c, every)[0] if every else c
+        ds = _dataset(c, rank, world)
+        ds.load_state_dict(pickle.loads(pickle.dumps(state)))  # (it reuses the buffer)
+        it = iter(ds)
+        return [next(it)[1].tolist() for _ in range(7)]
+
+    copy = tmp_path / "copy"  # another path, new mtimes: the same position
+    copy.mkdir()
+    for f in root.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    assert resume(copy, state) == reference[5:]
+    old = {k: v for k, v in state.items() if k != KEY}  # saved before the fingerprint
+    assert resume(root, old) == reference[5:]
+
+    def changed(edit) -> str:
+        folder = tmp_path / f"edit{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(root, folder)
+        every = edit(folder)  # an int: the new dataset_holdout_every
+        with pytest.raises(DataResumeError) as e:
+            resume(folder, state, every=every if isinstance(every, int) else 0)
+        assert isinstance(e.value, SystemExit)
+        return str(e.value)
+
+    size = (root / "p2.jsonl").stat().st_size
+
+    more = json.dumps({"text": "one more"}) + "\n"
+
+    def grow(folder):
+        with open(folder / "p2.jsonl", "a") as f:
+            f.write(more)
+
+    line = changed(grow)
+    folder = tmp_path / "edit2"
+    assert line == (
+        f"local_text: the checkpoint's data position was saved over other files than "
+        f"dataset_path {str(folder)!r} holds now (p2.jsonl was {size} bytes at the "
+        f"checkpoint, now {size + len(more)}; 4 training files at the checkpoint, 4 now): "
+        "the saved position (file index and documents read in it) would resume at the wrong place; "
+        "resume with the same files, or keep the model, optimizer and step and restart the "
+        "data from its first document with --checkpoint.exclude_from_loading dataloader"
+    )
+    assert "1 file(s) added: p4.jsonl;" in changed(
+        lambda f: _write(f / "p4.jsonl", "jsonl", _docs(9, 2))
+    )
+    assert "(1 file(s) gone: p3.jsonl;" in changed(lambda f: (f / "p3.jsonl").unlink())
+    assert "(1 file(s) gone: p1.jsonl; 1 file(s) added: q1.jsonl;" in changed(
+        lambda f: (f / "p1.jsonl").rename(f / "q1.jsonl")
+    )
+    assert "[training] dataset_holdout_every was 0 at the checkpoint, now 3;" in changed(
+        lambda f: 3
+    )
+    with pytest.raises(DataResumeError, match=r"data-parallel degree was 2 at the checkpoint, "):
+        resume(root, state, world=1)
+    # with DataLoader workers: refused in this process, before any worker loads it
+    loader = _loader(corpus, 0, 2, 2)
+    _take(iter(loader), 3)
+    saved = pickle.loads(pickle.dumps(loader.state_dict()))
+    grown = tmp_path / "grown"
+    shutil.copytree(root, grown)
+    grow(grown)
+    with pytest.raises(DataResumeError, match=r"p2.jsonl was \d+ bytes at the checkpoint"):
+        _loader(find_corpus(str(grown)), 0, 2, 2).load_state_dict(saved)
+    with pytest.raises(DataResumeError) as e:  # torchdata's own: a bare AssertionError
+        _loader(corpus, 0, 2, 0).load_state_dict(saved)
+    assert str(e.value) == (
+        "local_text: the checkpoint's data position was saved with [training.dataloader] "
+        "num_workers = 2 (one position per worker), this run has num_workers = 0; resume "
+        "with num_workers = 2, or keep the model, optimizer and step and restart the data "
+        "from its first document with --checkpoint.exclude_from_loading dataloader"
+    )
+
+
 def test_an_empty_share_stops_in_one_line(tmp_path):
     """One document over 2 ranks (by sample): rank 1 has nothing and would loop forever."""
     path = _write(tmp_path / "one.jsonl", "jsonl", _docs(5, 1))
@@ -306,6 +499,10 @@ def test_startup_refusals(tmp_path):
     for i in range(3):
         _write(good / f"p{i}.jsonl", "jsonl", _docs(40 + i, 2))
     _check("--training.dataset_path", str(good), "--validation.no-enable")  # accepted
+    _check(  # 3 files: a file for each of 2 DataLoader workers
+        "--training.dataset_path", str(good), "--validation.no-enable",
+        "--training.dataloader.num_workers", "2",
+    )  # fmt: skip
     for holdout in ("--training.dataset_holdout_files", "--training.dataset_holdout_every"):
         _check(  # holdout + validation on it: the same files, disjoint documents
             "--training.dataset_path", str(good), holdout, "2",
@@ -328,6 +525,14 @@ def test_startup_refusals(tmp_path):
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": \n{"text": "ok"}\n')
     cases = [
+        (  # one file, 2 DataLoader workers: one would read nothing, forever
+            ("--training.dataset_path", str(field), "--training.dataset_text_field", "body",
+             "--validation.no-enable", "--training.dataloader.num_workers", "2"),
+            "[training.dataloader] num_workers = 2: each data-parallel rank (1 in all) "
+            f"streams 1 of the 1 files of '{field}' and a DataLoader worker reads whole files, "
+            "so 1 worker(s) per rank would have none; set num_workers <= 1, or split the "
+            "corpus into more files",
+        ),
         (
             ("--training.dataset_path", str(field), "--validation.no-enable"),
             f"[training] dataset_path = '{field}' (local_text): {field} line 1 has no text "
@@ -527,3 +732,35 @@ def test_dp2_log_lines_and_holdout_validation(runs):
     assert f"{train} for validation), {tail}" in out
     assert f"{val} held out for validation), {tail}" in out
     assert sorted(sample_full.val_loss[0]) == [1, 2, 4]
+
+
+@pytest.mark.slow
+def test_dp2_resume_over_changed_files(runs, tmp_path):
+    """A real resume over a changed corpus (a document appended to one training file):
+    refused in one line at the checkpoint load, before step 3, on both ranks; resumed
+    with the refusal's way forward, --checkpoint.exclude_from_loading dataloader
+    (model, optimizer and step from the checkpoint, the data from its first document)."""
+    folder, _, (full, _), _ = runs
+    changed = tmp_path / "corpus"
+    shutil.copytree(folder, changed)
+    size = (changed / "part-001.jsonl").stat().st_size
+    more = json.dumps({"text": "one more document"}) + "\n"
+    with open(changed / "part-001.jsonl", "a") as f:
+        f.write(more)
+    data = (
+        "--training.dataset", "local_text", "--training.dataset_path", str(changed),
+        "--training.dataset_holdout_files", "1", "--validation.no-enable",
+    )  # fmt: skip
+    step2 = full.dump_folder / "checkpoint" / "step-2"
+    shutil.copytree(step2, tmp_path / "refused" / "checkpoint" / "step-2")
+    refused = run_training(CONFIG, 2, tmp_path / "refused", *RUN, *data, expect_failure=True)
+    line = f"part-001.jsonl was {size} bytes at the checkpoint, now {size + len(more)};"
+    for rank in (0, 1):
+        assert any(line in x for x in _rank_lines(refused.output, rank)), refused.output[-3000:]
+    assert "Traceback" not in refused.output and not refused.loss
+    shutil.copytree(step2, tmp_path / "restarted" / "checkpoint" / "step-2")
+    restarted = run_training(
+        CONFIG, 2, tmp_path / "restarted", *RUN, *data,
+        "--checkpoint.exclude_from_loading", "dataloader",
+    )  # fmt: skip
+    assert sorted(restarted.loss[0]) == [3, 4]

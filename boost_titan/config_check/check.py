@@ -62,4 +62,6 @@ def check_config(
     _check_batches(config, deg)
     if ws is not None and files:
         _check_checkpoint_files(config)
-        _check_files(config)
+        _check_files(
+            config, deg["data_parallel_replicate_degree"] * deg["data_parallel_shard_degree"]
+        )

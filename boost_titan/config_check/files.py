@@ -11,8 +11,9 @@ from boost_titan.config_check.model import config_args
 from boost_titan.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, CorpusError
 
 
-def _check_files(config) -> None:
-    """What a launch reads from disk: tokenizer, datasets."""
+def _check_files(config, dp_degree: int = 1) -> None:
+    """What a launch reads from disk: tokenizer, datasets (``dp_degree``: the
+    data-parallel degree the files are shared over)."""
     from torchtitan.hf_datasets.text_datasets import DATASETS
 
     from boost_titan.datasets import _BUILD_HINT
@@ -49,7 +50,7 @@ def _check_files(config) -> None:
     sections = [("training", config.training)] + (
         [("validation", config.validation)] if config.validation.enable else []
     )
-    _check_local_corpora(config, sections)
+    _check_local_corpora(config, sections, dp_degree)
     for section, s in sections:
         if s.dataset in LOCAL_DATASETS:
             continue  # checked above
@@ -88,13 +89,13 @@ def _check_files(config) -> None:
             )
 
 
-def _check_local_corpora(config, sections) -> None:
+def _check_local_corpora(config, sections, dp_degree: int = 1) -> None:
     """``local_text`` / ``local_text_holdout``: the holdout settings, then the files each
     loader will read (``boost_titan.text_loader.corpus_for``, the loaders' own rule):
     readable, one format, no file without documents, the text field in each file's
     first document, and no file read by both training and validation."""
     from boost_titan.local_text import check_corpus
-    from boost_titan.text_loader import corpus_for
+    from boost_titan.text_loader import check_stream_workers, corpus_for
 
     t = config.training
     for key in ("dataset_holdout_files", "dataset_holdout_every"):
@@ -162,6 +163,11 @@ def _check_local_corpora(config, sections) -> None:
             why = str(e).removeprefix("local_text: ")
             cls = ConfigPathError if "does not exist" in why else ConfigError
             raise bad(section, "dataset_path", path, f"({s.dataset}): {why}", cls) from None
+        if section == "training":  # (validation's stream ends: a worker may idle)
+            try:
+                check_stream_workers(corpus, dp_degree, s.dataloader.num_workers, section)
+            except CorpusError as e:
+                raise ConfigError(str(e)) from None
         files[section] = corpus
     if len(files) == 2 and config.validation.dataset != HOLDOUT_DATASET:  # (disjoint)
         train, val = files["training"], files["validation"]
