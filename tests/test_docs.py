@@ -124,7 +124,8 @@ def test_slug_matches_github():
 # command fails test_every_readme_command_is_run_or_excused until it is listed here.
 README_COMMANDS = {
     ".venv/bin/python -m boost_titan.plan --search": "the same command on the debug model "
-    "with a custom GPU and --write: tests/test_perf_model.py::test_search_writes_a_recipe_that_passes_its_dry_run",
+    "with a custom GPU and --write: "
+    "tests/test_perf_model.py::test_search_writes_a_recipe_that_passes_its_dry_run",
     ".venv/bin/python -m boost_titan.checkpoint export --format hf": "the same command on the "
     "debug_cola seed checkpoint (same model): tests/test_hf_export.py::"
     "test_hf_dcp_hf_round_trip_is_bitwise (its fixture exports, imports, exports again)",
