@@ -11,7 +11,7 @@ parameter bitwise unchanged):
   model, and nothing else is left in the step folder (torchtitan's per-rank
   ``sharded/`` copy is removed); the dense step folder loads with
   ``LlamaForCausalLM.from_pretrained`` and gives the seed model's logits;
-* a config.json of another model in the folder is refused at load, in one line;
+* a config.json of another model in the folder is refused when the config is parsed, in one line;
 * runs started from it with ``initial_load_in_hf`` under TP2 (CoLA: BTP; dense:
   Megatron), FSDP2 (CoLA) and PP2 (both) log exactly the losses of the same layout
   started from the seed's DCP checkpoint (``initial_load_path``), step for step (2
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_training
+from helpers import REPO_ROOT, run_training
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
@@ -124,21 +124,29 @@ def test_hf_save_under_tp2_is_the_seed_through_the_layout(hf_save, layout):
 
 def test_hf_start_refuses_a_config_of_another_model(hf_save, tmp_path):
     """initial_load_in_hf from a folder whose config.json describes another CoLA (no outer
-    SiLU: same shapes, so DCP alone would load it silently)."""
+    SiLU: same shapes, so DCP alone would load it silently): one line when the config is
+    parsed, before any rank starts."""
+    from boost_titan.config_check.parse import parse_config
+
     _, step = hf_save("cola")
     other = tmp_path / "other"
     shutil.copytree(step, other)
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "only_lr_act": True}))
-    run = run_training(
-        "debug_cola.toml", 1, tmp_path / "run", *COMMON,
+    argv = [
+        "--job.config_file", str(REPO_ROOT / "train_configs" / "debug_cola.toml"),
+        "--job.dump_folder", str(tmp_path / "run"), "--checkpoint.enable",
         "--checkpoint.initial_load_path", str(other), "--checkpoint.initial_load_in_hf",
-        "--training.steps", "1", expect_failure=True,
-    )  # fmt: skip
-    assert (
-        f"HFFormatError: {other}/config.json describes another model than this run's: "
-        "swiglu False (the run's: True)" in run.output
+    ]  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        parse_config(argv)
+    assert str(e.value) == (
+        f"[checkpoint] initial_load_path = {str(other)!r} (initial_load_in_hf): its config.json "
+        "holds another model than this run's model: swiglu False (config: True). Use the "
+        "config (model name, flavor, [boost] rank options) the weights were trained with."
     )
+    (other / "config.json").write_text(json.dumps(config))
+    parse_config(argv)  # the saved config itself fits
 
 
 def test_cola_hf_start_under_tp2_fsdp2_pp2_equals_dcp_start(hf_save, tmp_path):

@@ -88,6 +88,8 @@ def _check_checkpoint_files(config) -> None:
     if ck.initial_load_path:
         if not steps:
             _check_initial_load_path(ck)
+            if ck.initial_load_in_hf:
+                _check_hf_config_fits(config)
         elif not cf.started_from(folder, ck.initial_load_path):
             # torchtitan resumes the folder's newest step and ignores initial_load_path
             raise bad(
@@ -149,6 +151,25 @@ def _check_checkpoint_files(config) -> None:
 def _of_another_run(folder: str) -> str:
     record = cf.read_record(folder)
     return f" of a run that started from {record['initial_load_path']!r}" if record else ""
+
+
+def _check_hf_config_fits(config) -> None:
+    """A config.json beside HF weights must describe the run's model: DCP checks shapes
+    only, and a flag like CoLA's only_lr_act changes what the forward computes without
+    changing a shape."""
+    path = config.checkpoint.initial_load_path
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return
+    from boost_titan.config_check.model import config_args
+    from boost_titan.hf import HFFormatError
+    from boost_titan.hf.folder import check_same_model, format_for_config, read_hf_config
+
+    try:
+        hf = read_hf_config(path)
+        found = format_for_config(hf, f"{path}/config.json").args_from_config(hf)
+        check_same_model(found, config_args(config), "its config.json", "this run's model")
+    except HFFormatError as e:
+        raise bad("checkpoint", "initial_load_path", path, f"(initial_load_in_hf): {e}") from None
 
 
 def _check_initial_load_path(ck) -> None:

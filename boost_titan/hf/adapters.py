@@ -27,7 +27,8 @@ named after it); :func:`finish_hf_save` adds ``config.json`` for the llama and c
 layouts, so ``LlamaForCausalLM.from_pretrained(<step folder>)`` works; tokenizer files,
 token ids and our own layout's model code come with ``python -m boost_titan.checkpoint
 export --format hf``, which writes the complete folder. ``initial_load_in_hf`` from a
-folder with a config.json checks it describes the run's model first. A model the layout
+folder with a config.json is checked to describe the run's model when the config is
+parsed (``config_check/checkpoint.py``). A model the layout
 cannot hold (a GQA CoLA in the authors' layout) is refused when the trainer is built
 (:func:`check_for_job`), not after training.
 """
@@ -97,38 +98,12 @@ class FormatStateDictAdapter(StateDictAdapter):
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
         return self.format.from_hf(hf_state_dict, self.model_args)
 
-    def get_hf_storage_reader(self, path: str, from_quantized: bool = False):
-        """torchtitan's reader, after checking a config.json beside the weights (if
-        any) describes the run's model: one line naming what differs, instead of
-        DCP's size mismatch or, for a flag like CoLA's only_lr_act, nothing at all."""
-        config_path = os.path.join(path, "config.json")
-        if os.path.isfile(config_path):
-            with open(config_path) as f:
-                theirs = self.format.args_from_config(json.load(f))
-            differs = [
-                f"{key} {getattr(theirs, key)!r} (the run's: {getattr(self.model_args, key)!r})"
-                for key in COMPARED_ARGS
-                if getattr(theirs, key) != getattr(self.model_args, key)
-            ]
-            if differs:
-                raise HFFormatError(
-                    f"{config_path} describes another model than this run's: " + ", ".join(differs)
-                )
-        return super().get_hf_storage_reader(path, from_quantized)
-
     def write_config(self, checkpoint_id: str, dtype: torch.dtype) -> None:
         config = self.format.config(self.model_args)
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
         with open(os.path.join(checkpoint_id, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
             f.write("\n")
-
-
-# what a config.json must agree on with the run's model (shapes, and what the forward does)
-COMPARED_ARGS = (
-    "arch", "dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "vocab_size", "rank",
-    "effective_kv_rank", "swiglu", "activation", "norm_eps", "rope_theta",
-)  # fmt: skip
 
 
 def _adapter_class(layout: str, config_beside_save: bool) -> type[FormatStateDictAdapter]:
