@@ -122,12 +122,13 @@ def test_hf_save_under_tp2_is_the_seed_through_the_layout(hf_save, layout):
             )
 
 
-def test_hf_start_refuses_a_config_of_another_model(hf_save, tmp_path):
+def test_hf_start_refuses_a_config_of_another_model(hf_save, tmp_path, monkeypatch):
     """initial_load_in_hf from a folder whose config.json describes another CoLA (no outer
     SiLU: same shapes, so DCP alone would load it silently): one line when the config is
     parsed, before any rank starts."""
     from boost_titan.config_check.parse import parse_config
 
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a launch: the files it would load are checked
     _, step = hf_save("cola")
     other = tmp_path / "other"
     shutil.copytree(step, other)

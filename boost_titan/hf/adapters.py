@@ -73,9 +73,15 @@ class FormatStateDictAdapter(StateDictAdapter):
     authors' installed code); ours (boost) needs its modeling file: ``export``."""
 
     def __init__(self, model_args: LlamaArgs, hf_assets_path: str | None):
-        # reads [model] hf_assets_path/model.safetensors.index.json, if any, to shard
-        # the HF save like it (torchtitan's rule)
-        super().__init__(model_args, hf_assets_path)
+        # torchtitan reads [model] hf_assets_path/model.safetensors.index.json, if any, to
+        # shard the HF save like it; it warns on every run where the file is absent (our
+        # tokenizer folders: every run builds this adapter), so it only gets a path that
+        # has one
+        has_index = hf_assets_path and os.path.isfile(
+            os.path.join(hf_assets_path, "model.safetensors.index.json")
+        )
+        super().__init__(model_args, hf_assets_path if has_index else None)
+        self.hf_assets_path = hf_assets_path
         self.model_args = model_args
 
     @property
