@@ -52,7 +52,6 @@ from torchtitan.tools.logging import logger
 
 from boost_titan import checkpoint_folder as cf
 from boost_titan import checkpoint_save, data_resume, integrity
-from boost_titan.hf.adapters import check_for_job as check_hf_layout
 from boost_titan.hf.adapters import finish_hf_save
 
 
@@ -71,14 +70,6 @@ class BoostCheckpointManager(CheckpointManager):
         """The run's checkpoint policies, once the trainer is built (collective: every
         rank; the start-time disk-space check happens here)."""
         self.save_guard = checkpoint_save.guard(trainer, injector)
-        # last_save_in_hf / initial_load_in_hf: a layout that cannot hold the model is
-        # refused now, not at the last step's save
-        # (checkpointing off: torchtitan's __init__ stops before setting these)
-        check_hf_layout(
-            getattr(self, "last_save_in_hf", False),
-            getattr(self, "initial_load_in_hf", False),
-            getattr(self, "sd_adapter", None),
-        )
         self.data_position = data_resume.DataPosition.for_run(
             trainer.dataloader, trainer.parallel_dims, trainer.job_config.boost.data_resume
         )

@@ -228,7 +228,7 @@ def test_hf_step_in_the_run_folder_is_not_resumed(tmp_path, monkeypatch):
 
 
 def test_hf_checkpoint_options_refused_before_training():
-    from boost_titan.hf.adapters import ColaStateDictAdapter, adapter_for, check_for_job
+    from boost_titan.hf.adapters import adapter_for
     from boost_titan.train import parse_config
 
     base = ["--job.config_file", "train_configs/debug_cola.toml", "--checkpoint.enable"]
@@ -240,14 +240,21 @@ def test_hf_checkpoint_options_refused_before_training():
         parse_config(
             [*base, "--checkpoint.initial_load_in_hf", "--checkpoint.no-initial-load-model-only"]
         )
-    # a layout that cannot hold the model: refused as the trainer is built, only when
+    # a layout that cannot hold the model: refused when the config is parsed, only when
     # the run saves or loads HF
-    gqa = tiny_cola(True).with_overrides(n_kv_heads=2)
-    adapter = ColaStateDictAdapter(gqa, None)
-    check_for_job(False, False, adapter)
-    with pytest.raises(HFFormatError, match="grouped-query attention"):
-        check_for_job(True, False, adapter)
-    with pytest.raises(HFFormatError, match="grouped-query attention"):
-        check_for_job(False, True, adapter)
+    gqa = [*base, "--model.flavor", "debugmodel_gqa"]
+    parse_config(gqa)
+    for key, extra in (
+        ("last_save_in_hf", "--checkpoint.last_save_model_only"),
+        ("initial_load_in_hf", "--checkpoint.initial_load_model_only"),
+    ):
+        with pytest.raises(ValueError) as e:
+            parse_config([*gqa, f"--checkpoint.{key}", extra])
+        assert str(e.value).startswith(
+            f"[checkpoint] {key} = True but cola_llama2's Hugging Face layout 'cola' cannot "
+            "hold this model: the CoLA authors' model cannot hold this cola_llama2: grouped-query "
+            "attention (n_kv_heads 4 < n_heads 8"
+        ), str(e.value)
+        assert "export --format hf --hf-layout boost" in str(e.value)
     assert adapter_for("llama2").layout == "llama" and adapter_for("cola_llama2").layout == "cola"
     assert adapter_for("svd_llama2").layout == adapter_for("lax_llama2").layout == "boost"

@@ -7,7 +7,11 @@ import os
 
 from boost_titan import config as boost_config
 from boost_titan.compile import check_compile_config
-from boost_titan.config_check.checkpoint import _check_checkpoint, _check_checkpoint_files
+from boost_titan.config_check.checkpoint import (
+    _check_checkpoint,
+    _check_checkpoint_files,
+    _check_hf_layout,
+)
 from boost_titan.config_check.common import ConfigError
 from boost_titan.config_check.files import _check_files
 from boost_titan.config_check.layout import _check_batches, _check_parallelism
@@ -59,6 +63,7 @@ def check_config(
     deg = _check_parallelism(config, ws)
     check_compile_config(config)
     _check_model(config, deg)
+    _check_hf_layout(config)
     _check_batches(config, deg)
     if ws is not None and files:
         _check_checkpoint_files(config)

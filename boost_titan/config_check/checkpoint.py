@@ -238,3 +238,29 @@ def _check_initial_load_path(ck) -> None:
                 + f" ({', '.join(missing)} missing): leave initial_load_model_only on "
                 "(the default) to start from its weights",
             )
+
+
+def _check_hf_layout(config) -> None:
+    """last_save_in_hf / initial_load_in_hf: the model's Hugging Face layout
+    (``boost_titan.hf.adapters.LAYOUT_OF_MODEL``) must hold this model (a GQA CoLA does not
+    fit the CoLA authors' layout): refused now, not at the last step's save."""
+    ck = config.checkpoint
+    if not ck.enable or not (ck.last_save_in_hf or ck.initial_load_in_hf):
+        return
+    from boost_titan.config_check.model import config_args
+    from boost_titan.hf import HFFormatError
+    from boost_titan.hf.adapters import LAYOUT_OF_MODEL
+    from boost_titan.hf.folder import get_format
+
+    layout = LAYOUT_OF_MODEL[config.model.name]
+    key = "last_save_in_hf" if ck.last_save_in_hf else "initial_load_in_hf"
+    try:
+        get_format(layout).check(config_args(config))
+    except HFFormatError as e:
+        raise bad(
+            "checkpoint",
+            key,
+            True,
+            f"but {config.model.name}'s Hugging Face layout {layout!r} cannot hold this "
+            f"model: {e} (from this run's DCP checkpoint, `python -m boost_titan.checkpoint`)",
+        ) from None

@@ -37,6 +37,15 @@ class HFFormat:
     archs: tuple[str, ...] = ()
     """``LlamaArgs.arch`` values this layout can hold."""
 
+    def check(self, args: LlamaArgs) -> None:
+        """Refuse, in one line, a model this layout cannot hold."""
+        if args.arch not in self.archs:
+            raise HFFormatError(
+                f"the {self.name!r} Hugging Face layout holds architectures "
+                f"{list(self.archs)}, not {args.arch!r}"
+            )
+        self.config(args)  # raises on what the layout cannot express
+
     def config(self, args: LlamaArgs) -> dict[str, Any]:
         """config.json content (without tokenizer ids, which the folder writer adds)."""
         raise NotImplementedError

@@ -29,8 +29,8 @@ token ids and our own layout's model code come with ``python -m boost_titan.chec
 export --format hf``, which writes the complete folder. ``initial_load_in_hf`` from a
 folder with a config.json is checked to describe the run's model when the config is
 parsed (``config_check/checkpoint.py``). A model the layout
-cannot hold (a GQA CoLA in the authors' layout) is refused when the trainer is built
-(:func:`check_for_job`), not after training.
+cannot hold (a GQA CoLA in the authors' layout) is refused when the config is parsed,
+not after training (``config_check/checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 
-from boost_titan.hf import HFFormat, HFFormatError
+from boost_titan.hf import HFFormat
 from boost_titan.models.args import LlamaArgs
 
 # [model] name -> the HF layout its state dict adapter writes and reads
@@ -88,16 +88,6 @@ class FormatStateDictAdapter(StateDictAdapter):
     def format(self) -> HFFormat:
         return hf_format(self.layout)
 
-    def check(self) -> None:
-        """Refuse a model this layout cannot hold (one line)."""
-        fmt = self.format
-        if self.model_args.arch not in fmt.archs:
-            raise HFFormatError(
-                f"the {fmt.name!r} Hugging Face layout holds architectures "
-                f"{list(fmt.archs)}, not {self.model_args.arch!r}"
-            )
-        fmt.config(self.model_args)  # raises on what the layout cannot express
-
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         return self.format.to_hf(state_dict, self.model_args)
 
@@ -130,14 +120,6 @@ ADAPTERS = {
 
 def adapter_for(model_name: str) -> type[FormatStateDictAdapter]:
     return ADAPTERS[LAYOUT_OF_MODEL[model_name]]
-
-
-def check_for_job(last_save_in_hf: bool, initial_load_in_hf: bool, sd_adapter) -> None:
-    """When the run saves or loads HF safetensors, the layout must hold its model:
-    checked as the trainer is built, so the refusal comes before training, not at
-    the last step's save."""
-    if (last_save_in_hf or initial_load_in_hf) and isinstance(sd_adapter, FormatStateDictAdapter):
-        sd_adapter.check()
 
 
 def finish_hf_save(checkpoint_id: str, sd_adapter, dtype: torch.dtype) -> None:

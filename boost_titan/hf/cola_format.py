@@ -89,7 +89,7 @@ class ColaFormat(RenamingFormat):
             raise HFFormatError(
                 "the CoLA authors' model cannot hold this cola_llama2: "
                 + "; ".join(cannot)
-                + ". Export it with --format boost"
+                + ". Our own layout holds it: export --format hf --hf-layout boost"
             )
 
     def entries(self, args: LlamaArgs):
