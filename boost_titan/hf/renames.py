@@ -63,7 +63,7 @@ class RenamingFormat(HFFormat):
         if args.arch not in self.archs:
             raise HFFormatError(
                 f"the {self.name!r} Hugging Face layout holds architectures "
-                f"{list(self.archs)}, not {args.arch!r}; use --format boost"
+                f"{list(self.archs)}, not {args.arch!r}; use --hf-layout boost"
             )
 
     def table(self, args: LlamaArgs) -> list[Entry]:
