@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics = out["results"][ppl["task"]]
         docs = documents(ppl, a.text_field if a.data else "text", a.limit)
         conv = nats_per_token(
-            metrics["byte_perplexity,none"], docs, AutoTokenizer.from_pretrained(a.model)
+            metrics["byte_perplexity,none"],
+            docs,
+            AutoTokenizer.from_pretrained(a.model, trust_remote_code=True),
         )
         summary["conversion"] = conv
         print(

@@ -66,6 +66,8 @@ def test_lm_eval_perplexity_equals_the_trainers_model(tmp_path, corpus_dir):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nats/token" in proc.stdout and "byte_perplexity" in proc.stdout
+    # the wrapper trusts the folder's code (it asked for it): transformers never prompts
+    assert "Do you wish to run the custom code" not in proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     metrics = result["results"]["boost_corpus_ppl_held_out"]
 
