@@ -4,7 +4,7 @@
 #                one GPU (run_train.sh picks; NGPU=... / CONFIG_FILE=... override)
 #   make test    run the whole test suite
 #   make eval MODEL=DIR   lm-eval perplexity of an exported Hugging Face folder on the
-#                validation split (python -m boost_titan.eval; ARGS=... adds options)
+#                validation split (boost-titan eval; ARGS=... adds options)
 #   make lint    ruff lint + format check (CI runs it before the tests)
 PYTHON ?= python3
 VENV   := .venv
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 data: $(STAMP)
-	$(PY) -m boost_titan.data build
+	$(VENV)/bin/boost-titan data build
 
 train: data
 	./run_train.sh $(ARGS)
@@ -34,7 +34,7 @@ test: data
 
 eval: data
 	@test -n "$(MODEL)" || { echo 'make eval: set MODEL=<exported Hugging Face folder>'; exit 2; }
-	$(PY) -m boost_titan.eval --model $(MODEL) $(ARGS)
+	$(VENV)/bin/boost-titan eval --model $(MODEL) $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check boost_titan tests benchmarks

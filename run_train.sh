@@ -20,7 +20,7 @@
 #   NNODES=2 RDZV_ENDPOINT=node0:29500 NGPU=8 ./run_train.sh ...
 # (torchrun --nnodes NNODES, c10d rendezvous at RDZV_ENDPOINT, RDZV_ID the job's name).
 # Before torchrun starts, the config is checked once, in one process, for NGPU x NNODES
-# ranks (boost_titan.launch_check): a bad value is one line and exit status 2.
+# ranks (boost_titan.train.launch_check): a bad value is one line and exit status 2.
 # BOOST_TITAN_PRECHECK=0 skips that (the ranks still check it).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -118,7 +118,7 @@ fi
 # every rank would fail on a bad config, each with its own report: check it here, once
 if [[ "${BOOST_TITAN_PRECHECK:-1}" != 0 ]]; then
   rc=0
-  HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} "$PYTHON" -m boost_titan.launch_check \
+  HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} "$PYTHON" -m boost_titan.train.launch_check \
     $(( NGPU * NNODES )) --job.config_file "$CONFIG_FILE" "$@" || rc=$?
   if (( rc != 0 )); then
     if (( NNODES > 1 )); then  # the error's NGPU means all ranks; here NGPU is per node

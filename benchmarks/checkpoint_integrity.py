@@ -1,4 +1,4 @@
-"""What checksumming checkpoints (boost_titan.integrity) costs: DCP save and load of a
+"""What checksumming checkpoints (boost_titan.checkpoint.integrity) costs: DCP save and load of a
 >= 1 GB state dict with and without the xxh3_64 trailers and sidecar.
 
     PYTHONPATH=. .venv/bin/python benchmarks/checkpoint_integrity.py [--reps 5] [--dir D]
@@ -7,7 +7,7 @@ The state dict is one TP8 rank's shard of 10 blocks of a 7B LLaMA in fp32 (per b
 wq/wk/wv/wo 4096x512, w1/w3 1376x4096, w2 4096x1376; plus a 32000x512 embedding and
 output shard): 70 + 2 tensors, 1.09 GiB. One process, no process group
 (``no_dist=True``), DCP's defaults (one file, fsync on save). "without": the writer is
-given ``_extensions=()`` (what a save did before boost_titan.integrity); its load then
+given ``_extensions=()`` (what a save did before boost_titan.checkpoint.integrity); its load then
 checks only that the checkpoint has no checksum. The two variants alternate, rep by
 rep, in one process, each saving into (and loading from) its own folder; the load reads
 what the save just wrote, from the page cache (the case where verification's share of
@@ -30,7 +30,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from boost_titan import integrity
+from boost_titan.checkpoint import integrity
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 

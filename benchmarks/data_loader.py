@@ -18,7 +18,7 @@ of torchtitan's loader over a generated jsonl corpus, against what the recipes c
               corpus converted to Arrow first, in a fresh ``HF_DATASETS_CACHE`` under
               ``--dir`` whose size is reported (time to first batch includes the conversion)
    streaming  the same with ``streaming=True``: files read as iterated, nothing cached
-   local_text ``boost_titan.datasets``' loader for ``dataset = "local_text"`` as it is in
+   local_text ``boost_titan.data.datasets``' loader for ``dataset = "local_text"`` as it is in
               this checkout (it reuses arrow's cache if it converts too)
    For each: seconds to the first batch, then batches for ``--seconds`` -> steady
    tokens/s. ``--workers N``: also the streaming loader with N DataLoader worker
@@ -93,11 +93,11 @@ def make_corpus(root: Path, size_gb: float, n_files: int) -> tuple[list[str], li
     file names and a sample of the texts."""
     from datasets import load_from_disk
 
-    from boost_titan.data.manifest import default_corpus_dir
+    from boost_titan.data.corpus.manifest import default_corpus_dir
 
     train = default_corpus_dir() / "train"
     if not train.is_dir():
-        sys.exit(f"error: {train} missing; build it: .venv/bin/python -m boost_titan.data build")
+        sys.exit(f"error: {train} missing; build it: .venv/bin/boost-titan data build")
     texts = load_from_disk(str(train))["text"]
     lines = [(json.dumps({"text": t}) + "\n").encode() for t in texts]
     rng = random.Random(0)
@@ -210,13 +210,13 @@ def main() -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
-    from boost_titan import cpu_runtime
+    from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()
     import datasets
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from boost_titan.data.manifest import default_corpus_dir
+    from boost_titan.data.corpus.manifest import default_corpus_dir
 
     datasets.disable_progress_bars()
     modes = a.modes.split(",")
@@ -254,7 +254,7 @@ def main() -> int:
             return datasets.load_dataset("json", data_files=files, split="train", streaming=True)
 
         def load_local_text():
-            from boost_titan.datasets import _load_local
+            from boost_titan.data.datasets import _load_local
 
             return _load_local(str(root / "corpus"))
 

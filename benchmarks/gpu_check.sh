@@ -15,7 +15,7 @@
 # and prints a markdown summary; exit status 10 + i names the first failing section
 # (numerics 10, tp2 11, btp 12, sdpa 13, gemm 14, throughput 15, trainer 16), and every
 # failing section is named on stderr.
-# Logic: boost_titan/gpu_check/. PYTHON=... picks the interpreter (default: .venv).
+# Logic: boost_titan/perf/gpu_check/. PYTHON=... picks the interpreter (default: .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,4 +25,4 @@ fi
 
 # the trainer's allocator setting (run_train.sh), so peak memory reads as in training
 PYTORCH_ALLOC_CONF=${PYTORCH_ALLOC_CONF:-expandable_segments:True} \
-exec "$PYTHON" -m boost_titan.gpu_check "$@"
+exec "$PYTHON" -m boost_titan.cli gpu-check "$@"

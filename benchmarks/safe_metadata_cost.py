@@ -1,4 +1,5 @@
-"""What reading DCP metadata through boost_titan.safe_metadata costs against plain pickle.
+"""What reading DCP metadata through boost_titan.checkpoint.safe_metadata costs against
+plain pickle.
 
     PYTHONPATH=. .venv/bin/python benchmarks/safe_metadata_cost.py [STEP_DIR ...]
 
@@ -27,7 +28,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from boost_titan import safe_metadata
+from boost_titan.checkpoint import safe_metadata
 
 
 def synthetic(tensors: int = 870, shards: int = 8) -> bytes:

@@ -40,6 +40,17 @@ LORO_REFRESH = ("all", "factors", "regular", "none")
 LORO_EXACT_DTYPES = ("float64", "float32")
 
 
+# A bad value is a plain ValueError (FileNotFoundError for a missing file or folder), as
+# torchtitan's own and existing callers expect; the message carries the detail.
+ConfigError = ValueError
+ConfigPathError = FileNotFoundError
+
+
+def bad(section: str, key: str, value, why: str, cls: type[Exception] = ValueError) -> Exception:
+    """``[section] key = value <why>``: the one error format of every config check."""
+    return cls(f"[{section}] {key} = {value!r} {why}")
+
+
 @dataclass
 class Boost:
     tp_plan: str = "auto"
@@ -104,7 +115,7 @@ class Boost:
 
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s used for MFU on CPU runs (0: measure an fp32 matmul at start-up).
-    `python -m boost_titan.tools.peak_flops` prints this machine's figure."""
+    `boost-titan peak-flops` prints this machine's figure."""
 
     nan_policy: str = "stop"
     """What a step whose loss or gradient norm is NaN/inf does. The update is never
@@ -123,7 +134,8 @@ class Boost:
     schedule and step resume, and each data-parallel rank skips, in its new shard, as
     many documents as the saved ranks had consumed there (the total is kept); the log
     states the documents read again, the never-read ones skipped and the buffered tokens
-    dropped (``boost_titan.data_resume``). Map-style datasets (boost_corpus, a local_text
+    dropped (``boost_titan.checkpoint.data_position``). Map-style datasets (boost_corpus, a
+    local_text
     save_to_disk folder); a streamed corpus (local_text files) is refused."""
 
     log_comm: bool = False
@@ -131,7 +143,7 @@ class Boost:
     first training step and log them."""
 
     profile_freq: int = 100
-    """Profile step 2 and every profile_freq-th step (``boost_titan.step_profile``):
+    """Profile step 2 and every profile_freq-th step (``boost_titan.observability.step_profile``):
     forward/backward/optimizer time, tensor-parallel collective time, bytes and count,
     other and exposed communication, written to TensorBoard (time/, tp/, comm/) and the
     console, and the executed FLOPs behind the HFU. A profiled step costs about half a
@@ -168,7 +180,7 @@ class Optimizer:
 @dataclass
 class Training:
     """Your own corpus' settings, merged into torchtitan's ``[training]`` section
-    (``dataset = "local_text"``; ``boost_titan.local_text``)."""
+    (``dataset = "local_text"``; ``boost_titan.data.local_text``)."""
 
     dataset_text_field: str = "text"
     """The field of each .jsonl/.json/.parquet document holding its text (also read by

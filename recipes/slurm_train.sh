@@ -33,10 +33,10 @@ PYTHON=${PYTHON:-python}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 RDZV_PORT=${RDZV_PORT:-29500}  # a free port on the first node
 # every rank of every node would fail on a bad config: check it here, once, before the
-# nodes start (boost_titan.launch_check: one line, exit 2); BOOST_TITAN_PRECHECK=0 skips
+# nodes start (boost_titan.train.launch_check: one line, exit 2); BOOST_TITAN_PRECHECK=0 skips
 if [[ "${BOOST_TITAN_PRECHECK:-1}" != 0 ]]; then
   rc=0
-  "$PYTHON" -m boost_titan.launch_check $(( GPUS_PER_NODE * SLURM_NNODES )) \
+  "$PYTHON" -m boost_titan.train.launch_check $(( GPUS_PER_NODE * SLURM_NNODES )) \
     --job.config_file "$CONFIG_FILE" "$@" || rc=$?
   if (( rc != 0 )); then
     echo "slurm_train.sh: WORLD_SIZE $(( GPUS_PER_NODE * SLURM_NNODES )) =" \

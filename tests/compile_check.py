@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from launcher import spawn
 
-from boost_titan.comm_stats import CommCounter
-from boost_titan.step_profile import StepProfiler
+from boost_titan.observability.comm_stats import CommCounter
+from boost_titan.observability.step_profile import StepProfiler
 
 TP = 2
 STEPS = 3
@@ -38,7 +38,7 @@ def _job_config(
     backend: str,
     dtype: str = "float32",
 ):
-    from boost_titan.train import parse_config
+    from boost_titan.train.config_check import parse_config
 
     # "btp_sp": btp with sequence-parallel latents (the planner's name)
     sp = ["--boost.sequence_parallel"] if plan == "btp_sp" else []
@@ -90,8 +90,8 @@ def _run(parallel_dims, args, case: dict, compiled: bool, batches):
     from torchtitan.distributed import utils as dist_utils
 
     from boost_titan.models.model import Transformer
-    from boost_titan.parallelize import parallelize_boost
-    from boost_titan.pipeline import build_loss_fn
+    from boost_titan.parallel.parallelize import parallelize_boost
+    from boost_titan.parallel.pipeline import build_loss_fn
 
     plan, latent_checkpoint, keep, ac = (
         case[k] for k in ("plan", "latent_checkpoint", "keep", "ac")
@@ -170,7 +170,7 @@ def as_row(case: tuple) -> dict:
 
 
 def _worker(rank: int, init_file: str, cases: list, out_file: str, cache_dir: str):
-    from boost_titan import cpu_runtime
+    from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()
     torch.set_num_threads(1)

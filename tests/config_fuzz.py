@@ -41,7 +41,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from boost_titan.config_file import load_config_toml
+from boost_titan.train.config_file import load_config_toml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "train_configs"
@@ -429,7 +429,7 @@ def early_stages(config, world_size: int) -> None:
 
 
 def run_case(case: Case, tmp: Path, deep: bool = True) -> Outcome:
-    from boost_titan.config_check import parse_config
+    from boost_titan.train.config_check import parse_config
 
     argv, env = build_argv(case, tmp)
     saved = {k: os.environ.get(k) for k in env}
@@ -467,7 +467,7 @@ def run_case(case: Case, tmp: Path, deep: bool = True) -> Outcome:
 
 
 def run_cases(cases: list[Case], deep: bool = True, verbose: bool = False) -> list[Outcome]:
-    from boost_titan import cpu_runtime
+    from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # as run_train.sh launches

@@ -3,14 +3,14 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan import cpu_runtime
+from boost_titan.parallel import cpu_runtime
 
 # CPU shims before any test module imports torchtitan (which fixes its device at import):
 # collection order must not decide whether in-process tests run
 cpu_runtime.activate()
 # tests read DCP checkpoints themselves too (test_fault_tolerance): with the package's
-# allowlisted metadata reader, as boost_titan.train and boost_titan.checkpoint do
-from boost_titan import integrity, safe_metadata  # noqa: E402
+# allowlisted metadata reader, as boost_titan.train and boost_titan.cli.checkpoint do
+from boost_titan.checkpoint import integrity, safe_metadata  # noqa: E402
 
 safe_metadata.install()
 integrity.install()  # and checksums: the trainer's checkpoints carry them
@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     """The embedded corpus at <repo>/data/boost_corpus, built once (default vocab) if needed."""
-    from boost_titan.data import build_corpus
+    from boost_titan.data.corpus.build import build_corpus
 
     out = REPO_ROOT / "data" / "boost_corpus"
     build_corpus(out)

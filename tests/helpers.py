@@ -82,7 +82,9 @@ def run_training(
 
         logs = Path(dump_folder).parent / f".{Path(dump_folder).name}.logs"
         argv = ["--job.config_file", config_file, *args]
-        done = launch("boost_titan.train", argv, ngpu, env, str(REPO_ROOT), str(logs), timeout)
+        done = launch(
+            "boost_titan.train.trainer", argv, ngpu, env, str(REPO_ROOT), str(logs), timeout
+        )
         rc, out = done.returncode, done.tee()
     else:
         raise ValueError(f"launcher {launcher!r}: use 'fork' or 'torchrun'")
@@ -134,7 +136,7 @@ def run_main(
 
 
 def assert_safe_metadata(step_dir: str | os.PathLike) -> None:
-    """The step folder's DCP ``.metadata`` reads through ``boost_titan.safe_metadata``'s
+    """The step folder's DCP ``.metadata`` reads through ``boost_titan.checkpoint.safe_metadata``'s
     allowlist to exactly what plain ``pickle`` reads, and its pickled items (train
     state, LR schedulers, optimizer settings, the data loader's state) load through the
     installed weights-only item reader and the data loader's no-global reader: the
@@ -146,7 +148,7 @@ def assert_safe_metadata(step_dir: str | os.PathLike) -> None:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     data = (Path(step_dir) / ".metadata").read_bytes()
     meta = safe_metadata.loads(data, str(step_dir))

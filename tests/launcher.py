@@ -1,6 +1,6 @@
 """The test suite's process launcher: a ``main(argv)`` of boost_titan (the trainer,
 the dry run, the checkpoint CLI) in fresh processes, one per rank, each forked from a
-server that imported torch, torchtitan and boost_titan once (``boost_titan.preload``).
+server that imported torch, torchtitan and boost_titan once (``boost_titan.perf.preload``).
 
 What torchrun and ``python -m`` do for a run that matters to the code under test, it
 does too: the environment of ``torch.distributed.run`` (RANK, LOCAL_RANK, WORLD_SIZE,
@@ -26,7 +26,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-PRELOAD = "boost_titan.preload"
+PRELOAD = "boost_titan.perf.preload"
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _process_main(entry: str, argv: list[str], env: dict[str, str], cwd: str, lo
     os.environ.update(env)
     import torch
 
-    from boost_titan import cpu_runtime
+    from boost_titan.parallel import cpu_runtime
 
     torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     sys.argv = [entry, *argv]
@@ -73,7 +73,7 @@ def _process_main(entry: str, argv: list[str], env: dict[str, str], cwd: str, lo
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    if code == 0 and entry == "boost_titan.train" and cpu_runtime.is_active():
+    if code == 0 and entry == "boost_titan.train.trainer" and cpu_runtime.is_active():
         cpu_runtime.exit_after_clean_shutdown()
     os._exit(code)
 

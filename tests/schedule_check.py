@@ -85,7 +85,7 @@ def _reference(config, args, batches) -> list[float]:
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.distributed import ParallelDims
 
-    from boost_titan.specs import build_optimizers
+    from boost_titan.train.specs import build_optimizers
 
     single = copy.deepcopy(config)
     single.parallelism.pipeline_parallel_degree = 1
@@ -107,9 +107,9 @@ def _pipelined(config, args, dims, batches) -> list[float] | None:
     """The case under its schedule; the losses on the rank with the last stage."""
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
 
-    from boost_titan.parallelize import parallelize_boost
-    from boost_titan.pipeline import build_loss_fn
-    from boost_titan.specs import build_optimizers
+    from boost_titan.parallel.parallelize import parallelize_boost
+    from boost_titan.parallel.pipeline import build_loss_fn
+    from boost_titan.train.specs import build_optimizers
 
     loss_fn = build_loss_fn(config)
     schedule, parts, first, last = pipeline_llm(
@@ -133,7 +133,7 @@ def _pipelined(config, args, dims, batches) -> list[float] | None:
 
 
 def _worker(rank: int, init_file: str, cases: list, out_file: str):
-    from boost_titan import cpu_runtime
+    from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()
     torch.set_num_threads(1)
@@ -141,9 +141,8 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str):
     try:
         from torchtitan.distributed import ParallelDims
 
-        from boost_titan.config_check import config_args
-        from boost_titan.pipeline import check_schedule_runs_here
-        from boost_titan.train import parse_config
+        from boost_titan.parallel.pipeline import check_schedule_runs_here
+        from boost_titan.train.config_check import config_args, parse_config
 
         dims = ParallelDims(
             dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=PP, ep=1, etp=1, world_size=PP

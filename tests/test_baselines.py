@@ -7,8 +7,8 @@ import pytest
 import torch
 from tp_sim import lm_loss, max_rel_err, plan_fn, reference_model, run_parallel, small_args
 
-from boost_titan.comm_stats import CommCounter
 from boost_titan.models.flavors import flavors_for
+from boost_titan.observability.comm_stats import CommCounter
 
 
 def _data(args, b, s):

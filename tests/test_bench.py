@@ -17,7 +17,7 @@ import pytest
 def test_bench_smoke_writes_all_outputs(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "boost_titan.bench", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "boost_titan.cli", "bench", "--smoke", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -51,7 +51,7 @@ def _check_volume_convention(summary: dict) -> None:
     """Every volume is all-reduce-equivalent: an all-reduce counts its payload, an
     all-gather or reduce-scatter half of it (comm_stats.allreduce_equivalent, the
     planner's convention); bytes_per_step keeps the raw payload."""
-    from boost_titan.comm_stats import allreduce_equivalent
+    from boost_titan.observability.comm_stats import allreduce_equivalent
 
     v = summary["variants"]
     for name, r in v.items():
@@ -87,8 +87,8 @@ def _check_tensorboard_runs(tb, summary: dict) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    from boost_titan.bench.report import TB_TAGS
-    from boost_titan.dashboard import BENCH_CHARTS, layout
+    from boost_titan.observability.dashboard import BENCH_CHARTS, layout
+    from boost_titan.perf.bench.report import TB_TAGS
 
     charts = {
         cat: {title: chart[1] for title, chart in titles.items()}
@@ -137,7 +137,8 @@ def test_gemm_mode(tmp_path):
         [
             sys.executable,
             "-m",
-            "boost_titan.bench",
+            "boost_titan.cli",
+            "bench",
             "--gemm",
             "--m-scale",
             "0.002",
@@ -165,7 +166,8 @@ def test_bench_checkpointing_variants(tmp_path):
         [
             sys.executable,
             "-m",
-            "boost_titan.bench",
+            "boost_titan.cli",
+            "bench",
             "--smoke",
             "--variants",
             "ac",
@@ -207,7 +209,8 @@ def test_gemm_mode_honours_tp_batch_seq(tmp_path):
         [
             sys.executable,
             "-m",
-            "boost_titan.bench",
+            "boost_titan.cli",
+            "bench",
             "--gemm",
             "--tp",
             "2",
@@ -254,7 +257,7 @@ def test_gemm_mode_honours_tp_batch_seq(tmp_path):
     ],
 )
 def test_bench_refuses_flags_it_would_ignore(tmp_path, capsys, argv, message):
-    from boost_titan.bench import cli
+    from boost_titan.perf.bench import cli
 
     with pytest.raises(SystemExit) as e:
         cli.main(argv + ["--out", str(tmp_path)])
@@ -268,7 +271,7 @@ def test_variant_ids_are_one_cli_and_path_safe_spelling():
     refused naming its id."""
     import re
 
-    from boost_titan.bench import variants
+    from boost_titan.perf.bench import variants
 
     twins = [variants.compiled_name(n) for n in variants.VARIANTS]
     assert all(re.fullmatch(r"[a-z]+(-[a-z]+)*", n) for n in [*variants.VARIANTS, *twins])
@@ -295,7 +298,7 @@ def test_variant_ids_are_one_cli_and_path_safe_spelling():
 def test_bench_tp_needs_that_many_gpus(tmp_path, capsys, monkeypatch):
     import torch
 
-    from boost_titan.bench import cli
+    from boost_titan.perf.bench import cli
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -323,7 +326,7 @@ def _raw(step: float, loss: float) -> dict:
 
 
 def test_summary_puts_compiled_beside_eager():
-    from boost_titan.bench import report, stats, variants
+    from boost_titan.perf.bench import report, stats, variants
 
     raw = {
         "btp": _raw(0.2, 6.0),
@@ -347,7 +350,7 @@ def test_summary_puts_compiled_beside_eager():
 
 
 def test_eager_summary_has_no_compile_section():
-    from boost_titan.bench import stats, variants
+    from boost_titan.perf.bench import stats, variants
 
     summary = stats.summarise(
         {"btp": _raw(0.2, 6.0), "vanilla": _raw(0.4, 6.1)}, variants.SMOKE, 2, "CPU"
@@ -365,7 +368,7 @@ def test_every_chart_title_names_the_run(smoke):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from boost_titan.bench import report, stats, variants
+    from boost_titan.perf.bench import report, stats, variants
 
     shape = variants.SMOKE if smoke else variants.Shape()
     device = "CPU (1 thread/rank, gloo)"
@@ -388,7 +391,7 @@ def test_every_chart_title_names_the_run(smoke):
 
 
 def test_compile_twins_skip_what_the_trainer_refuses():
-    from boost_titan.bench import variants
+    from boost_titan.perf.bench import variants
 
     names, refused = variants.with_compiled(list(variants.AC_VARIANTS), tp=2)
     assert names[:2] == ["btp", "btp-compiled"]
@@ -404,7 +407,8 @@ def test_bench_compile_smoke(tmp_path):
         [
             sys.executable,
             "-m",
-            "boost_titan.bench",
+            "boost_titan.cli",
+            "bench",
             "--smoke",
             "--compile",
             # what this checks (the compiled twins' losses and profiled collectives
@@ -459,8 +463,8 @@ def test_gpu_check_smoke(tmp_path):
 
 def check_gpu_check_smoke(out) -> None:
     """Every section of a ``gpu_check.sh --smoke --out OUT`` run (CPU)."""
-    from boost_titan.gpu_check.common import Sizes
-    from boost_titan.gpu_check.trainer import check_log
+    from boost_titan.perf.gpu_check.common import Sizes
+    from boost_titan.perf.gpu_check.trainer import check_log
 
     res = json.loads((out / "gpu_check.json").read_text())
     assert set(res) >= {
@@ -600,7 +604,7 @@ def _fake_results(**sections) -> dict:
 
 
 def test_gpu_check_exit_status_names_the_failed_sections(tmp_path, capsys, monkeypatch):
-    from boost_titan.gpu_check import cli, report
+    from boost_titan.perf.gpu_check import cli, report
 
     btp = {
         "group": "1 rank (gloo)",
@@ -665,7 +669,7 @@ def test_gpu_check_exit_status_names_the_failed_sections(tmp_path, capsys, monke
     ],
 )
 def test_gpu_check_sdpa_kernel_names(ops, kernels, cuda, backend):
-    from boost_titan.gpu_check.sdpa import classify
+    from boost_titan.perf.gpu_check.sdpa import classify
 
     assert classify(ops, kernels, cuda) == backend
 
@@ -710,7 +714,7 @@ NCCL_STEP_S = (500 + 100) * 1e-6  # the union of the NCCL kernels' spans
 
 
 def test_nccl_comm_time_is_device_kernel_time():
-    from boost_titan.bench.comm import device_comm_seconds
+    from boost_titan.perf.bench.comm import device_comm_seconds
 
     assert device_comm_seconds(_nccl_step()) == pytest.approx(NCCL_STEP_S, rel=1e-12)
     assert device_comm_seconds([e for e in _nccl_step() if "Kernel" not in e.name()]) == 0.0
@@ -726,7 +730,7 @@ def test_gpu_comm_time_comes_from_the_device(monkeypatch, compiled):
     import torch
     import torch.profiler
 
-    from boost_titan.bench import comm
+    from boost_titan.perf.bench import comm
 
     all_reduce = SimpleNamespace(
         name="_c10d_functional::all_reduce",

@@ -6,7 +6,6 @@ import pytest
 import torch
 from tp_sim import fake_world, lm_loss, max_rel_err, reference_model, run_parallel, small_args
 
-from boost_titan.comm_stats import CommCounter
 from boost_titan.models.bottleneck import (
     SINGLE_DEVICE,
     Bottleneck,
@@ -15,6 +14,7 @@ from boost_titan.models.bottleneck import (
     down_reduce,
 )
 from boost_titan.models.flavors import flavors_for
+from boost_titan.observability.comm_stats import CommCounter
 from boost_titan.tp_plans import apply_tp_plan, resolve_tp_plan, validate_tp_degree
 from boost_titan.tp_plans.btp import apply_btp
 
@@ -377,9 +377,9 @@ def test_sequence_parallel_btp_matches_single_device(arch, flavor, tp, grouped, 
     ],
 )
 def test_sequence_parallel_collectives_match_planner(flavor, tp, grouped, dtype, keep):
-    """Counted per block, in issue order, against ``boost_titan.plan``'s btp_sp closed
+    """Counted per block, in issue order, against ``boost_titan.perf.plan``'s btp_sp closed
     form (keep_gathered: the same without the backward regathers)."""
-    from boost_titan.plan import block_collectives
+    from boost_titan.perf.plan import block_collectives
 
     b, s = 2, 16
     args = small_args(flavors_for("cola")[flavor], group_linears=grouped, max_seq_len=s)

@@ -96,9 +96,9 @@ def _check_latent_checkpoint(mesh):
     same collectives in the same order, on real ranks."""
     from tp_sim import plain, plan_fn, reference_model, small_args
 
-    from boost_titan.comm_stats import CommCounter
-    from boost_titan.latent_checkpoint import apply_latent_checkpointing
     from boost_titan.models.flavors import flavors_for
+    from boost_titan.observability.comm_stats import CommCounter
+    from boost_titan.parallel.latent_checkpoint import apply_latent_checkpointing
 
     args = small_args(flavors_for("lax")["debugmodel"])
     ref = reference_model(args, seed=0)

@@ -1,5 +1,5 @@
-"""A checkpoint save that fails on the disk (boost_titan.checkpoint_save) and the
-start-time space check (boost_titan.checkpoint_space).
+"""A checkpoint save that fails on the disk (boost_titan.checkpoint.save) and the
+start-time space check (boost_titan.checkpoint.space).
 
 * injection, BTP TP2 from the shared seed, saves at steps 2 and 4,
   ``BOOST_TITAN_INJECT=enospc@4:rank=1``: one line with ENOSPC, the file and rank, the
@@ -26,7 +26,9 @@ import pytest
 import torch
 from helpers import REPO_ROOT, run_main, run_training
 
-from boost_titan import checkpoint_save, checkpoint_space, fault
+from boost_titan.checkpoint import save as checkpoint_save
+from boost_titan.checkpoint import space as checkpoint_space
+from boost_titan.train import fault
 
 CONFIG = "debug_cola_btp_tp2.toml"
 NUM = r"([\d,]+) bytes"
@@ -107,7 +109,8 @@ def test_injected_enospc_is_one_line_and_keeps_the_previous_checkpoint(
 
     # step-2 is whole: it loads (the consolidated export reads every tensor)
     proc = run_main(
-        "boost_titan.checkpoint",
+        "boost_titan.cli.main",
+        "checkpoint",
         "export",
         "--from",
         str(folder / "step-2"),
@@ -298,8 +301,9 @@ def test_pipeline_loss_warning_is_gone(monkeypatch, caplog):
     from torchtitan.components import metrics
     from torchtitan.tools.utils import NoColor
 
-    import boost_titan.train
+    import boost_titan.train.trainer
 
+    boost_titan.train.trainer.install()  # what the trainer's main() runs first
     monkeypatch.setenv("LOG_RANK", "0")
     dims = SimpleNamespace(world_size=2, pp=2)
     config = SimpleNamespace(parallelism=SimpleNamespace(pipeline_parallel_schedule="1F1B"))
@@ -307,7 +311,7 @@ def test_pipeline_loss_warning_is_gone(monkeypatch, caplog):
         metrics.ensure_pp_loss_visible(dims, config, NoColor())  # torchtitan's own
     assert "Pipeline Parallel loss is not visible" in caplog.text
     caplog.clear()
-    assert torchtitan.train.ensure_pp_loss_visible is boost_titan.train._pp_loss_is_visible
+    assert torchtitan.train.ensure_pp_loss_visible is boost_titan.train.trainer._pp_loss_is_visible
     with caplog.at_level("WARNING"):
         torchtitan.train.ensure_pp_loss_visible(dims, config, NoColor())
     assert caplog.text == ""

@@ -1,4 +1,4 @@
-"""Checksummed checkpoints (boost_titan.integrity): every DCP save records a checksum of
+"""Checksummed checkpoints (boost_titan.checkpoint.integrity): every DCP save records a checksum of
 every byte it writes, every load verifies what it reads, and a mismatch is one line.
 
 Unit cases save and load small state dicts in this process (DCP without a process
@@ -25,7 +25,7 @@ import xxhash
 from helpers import REPO_ROOT, run_main, run_training
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from boost_titan import integrity, safe_metadata
+from boost_titan.checkpoint import integrity, safe_metadata
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -225,7 +225,7 @@ def test_a_checkpoint_without_checksums_loads_with_one_warning(tmp_path, caplog)
 
 
 def test_verify_command(tmp_path, capsys):
-    from boost_titan import checkpoint
+    from boost_titan.cli import checkpoint
 
     def verify(*paths) -> tuple[int, str, str]:
         with pytest.raises(SystemExit) as info:
@@ -269,11 +269,11 @@ def test_verify_command(tmp_path, capsys):
 
 
 def test_the_nan_stop_names_the_newest_checkpoint_that_verifies(tmp_path):
-    """StepGuard's stop (boost_titan.fault) with step-6 cut off, step-4 corrupted: the
+    """StepGuard's stop (boost_titan.train.fault) with step-6 cut off, step-4 corrupted: the
     message sends a restart to step-2, and says why not step-4."""
     from types import SimpleNamespace
 
-    from boost_titan.fault import NonFiniteStepError, StepGuard
+    from boost_titan.train.fault import NonFiniteStepError, StepGuard
 
     folder = tmp_path / "checkpoint"
     _save(folder / "step-2")
@@ -330,7 +330,7 @@ def test_a_writer_pickled_into_a_fresh_process_writes_checksums(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == [
         "torch.distributed.checkpoint.filesystem",
-        "boost_titan.integrity",
+        "boost_titan.checkpoint.integrity.dcp_hooks",
     ]
     result = integrity.check(step)
     assert result.ok and result.checksummed and (step / ".metadata.xxh3").is_file()
@@ -446,10 +446,13 @@ def test_a_named_corrupted_checkpoint_fails_on_its_line(uninterrupted, tmp_path)
         "1",
         expect_failure=True,
     )
-    assert f"boost_titan.integrity.ChecksumMismatch: {line}" in run.output, run.output[-3000:]
+    assert f"boost_titan.checkpoint.integrity.ChecksumMismatch: {line}" in run.output, run.output[
+        -3000:
+    ]
     assert "Training starts" not in run.output
     proc = run_main(
-        "boost_titan.checkpoint",
+        "boost_titan.cli.main",
+        "checkpoint",
         "export",
         "--from",
         str(corrupted),
@@ -459,5 +462,5 @@ def test_a_named_corrupted_checkpoint_fails_on_its_line(uninterrupted, tmp_path)
         str(REPO_ROOT / "train_configs" / CONFIG),
     )
     assert proc.returncode == 1
-    assert proc.stderr.strip().endswith(f"python -m boost_titan.checkpoint export: error: {line}")
+    assert proc.stderr.strip().endswith(f"boost-titan checkpoint export: error: {line}")
     assert not list(tmp_path.glob("*x.safetensors*"))

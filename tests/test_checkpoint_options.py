@@ -45,7 +45,7 @@ def _save(path, full: bool) -> str:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """run/: a run's checkpoints (full step-2 and step-4, the final model-only step-6);
-    imported/step-0: what ``boost_titan.checkpoint import`` writes (model only);
+    imported/step-0: what ``boost_titan.cli.checkpoint import`` writes (model only);
     finetune/: a run that started from imported/step-0 (its record) and saved step-2;
     cut/step-3: a save cut off before its .metadata; a plain file."""
     t = tmp_path_factory.mktemp("ckpt_options")
@@ -53,7 +53,7 @@ def folders(tmp_path_factory):
         _save(t / "run" / "checkpoint" / f"step-{step}", full)
     _save(t / "imported" / "step-0", full=False)
     _save(t / "finetune" / "checkpoint" / "step-2", full=True)
-    from boost_titan import checkpoint_folder
+    from boost_titan.checkpoint import folder as checkpoint_folder
 
     checkpoint_folder.write_record(str(t / "finetune" / "checkpoint"), str(t / "imported/step-0"))
     (t / "cut" / "step-3").mkdir(parents=True)
@@ -116,7 +116,7 @@ def _bad(t):
             f"FileNotFoundError: [checkpoint] initial_load_path = "
             f"{str(t / 'model.safetensors')!r} is a file, not a DCP step folder (a folder "
             "holding .metadata, e.g. <dump_folder>/checkpoint/step-N); turn a safetensors "
-            "file into one with `python -m boost_titan.checkpoint import --from FILE --to "
+            "file into one with `boost-titan checkpoint import --from FILE --to "
             "DIR/step-0`",
         ),
         (
@@ -169,7 +169,7 @@ def _good(t):
 
 
 def _parse(dump, *args, **check):
-    from boost_titan.config_check import check_config, parse_config
+    from boost_titan.train.config_check import check_config, parse_config
 
     argv = ["--job.config_file", str(REPO_ROOT / "train_configs" / CONFIG)]
     argv += ["--job.dump_folder", str(dump), "--checkpoint.enable", *map(str, args)]
@@ -255,7 +255,7 @@ def test_keep_latest_k_and_the_readme_fine_tuning_example(corpus_dir, tmp_path):
         ("export", "--from", str(ckpt / "step-8"), "--to", str(exported)),
         ("import", "--from", str(exported), "--to", str(imported)),
     ):
-        proc = run_main("boost_titan.checkpoint", *argv, *config)
+        proc = run_main("boost_titan.cli.main", "checkpoint", *argv, *config)
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     cut = tmp_path / "tuned" / "checkpoint" / "step-2"

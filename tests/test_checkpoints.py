@@ -21,9 +21,10 @@ CONFIG = "debug_cola_btp_tp2.toml"
 
 
 def _cli(*args: str, config: str = CONFIG, expect_error: str | None = None) -> str:
-    """``python -m boost_titan.checkpoint args --job.config_file <config>``."""
+    """``boost-titan checkpoint args --job.config_file <config>``."""
     proc = run_main(
-        "boost_titan.checkpoint",
+        "boost_titan.cli.main",
+        "checkpoint",
         *args,
         "--job.config_file",
         str(REPO_ROOT / "train_configs" / config),
@@ -208,7 +209,8 @@ def _empty_folders(root: Path) -> list[str]:
 @pytest.mark.slow
 def test_runs_leave_no_empty_folders(btp_run, seed_checkpoint):
     """torchtitan creates the flight recorder's ``comm_traces/`` in every dump folder;
-    a run that dumped nothing there removes it (``boost_titan.comm_traces``): a training
+    a run that dumped nothing there removes it (``boost_titan.observability.comm_traces``):
+    a training
     run (TP2, checkpoints) and a seed-checkpoint run."""
     _, _, run = btp_run
     seed_dump = seed_checkpoint("debug_cola.toml").parent.parent

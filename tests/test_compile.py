@@ -92,7 +92,8 @@ def _assert_bf16_statistic(check: dict) -> None:
 
 
 def _assert_profiles(row: dict) -> None:
-    """The step profiler (boost_titan.step_profile) reads the same TP collectives, volume
+    """The step profiler (boost_titan.observability.step_profile) reads the same TP
+    collectives, volume
     and executed FLOPs from a compiled step's profile as from an eager one's, and both
     equal CommCounter's count of the eager forward/backward (all-reduce-equivalent)."""
     eager, compiled = row["eager"]["profile"], row["compiled"]["profile"]
@@ -123,7 +124,7 @@ def _assert_profiles(row: dict) -> None:
 
 # Inductor's C++ builds dominate (~1 min per configuration on 2 cores, cold): keep the
 # cache between runs of the suite. Safe: keys hash the graphs, torch and inductor
-# config, and every rank has its own folder (boost_titan.compile).
+# config, and every rank has its own folder (boost_titan.parallel.compile).
 CACHE = os.environ.get(
     "BOOST_TEST_INDUCTOR_CACHE",
     os.path.join(os.path.expanduser("~"), ".cache", "boost_titan", "test_inductor"),
@@ -159,9 +160,9 @@ def test_compiled_equals_eager_on_tp2_ranks(tmp_path):
 # fresh interpreter (other tests of this process may have imported torchtitan).
 _REFUSALS = """
 import pytest
-from boost_titan import cpu_runtime
+from boost_titan.parallel import cpu_runtime
 cpu_runtime.activate()
-from boost_titan.train import parse_config
+from boost_titan.train.config_check import parse_config
 
 tp2, compiled, no_ac = (["--parallelism.tensor_parallel_degree", "2"], ["--compile.enable"],
                         ["--activation_checkpoint.mode", "none"])

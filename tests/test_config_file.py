@@ -1,11 +1,11 @@
-"""`extends` in training TOMLs (boost_titan.config_file): merge order, chains,
+"""`extends` in training TOMLs (boost_titan.train.config_file): merge order, chains,
 relative paths and the errors for loops and missing bases."""
 
 from __future__ import annotations
 
 import pytest
 
-from boost_titan.config_file import ConfigFileError, load_config_toml
+from boost_titan.train.config_file import ConfigFileError, load_config_toml
 
 
 def _write(path, text: str):

@@ -170,7 +170,7 @@ FIXED: list[tuple[Case, str, str]] = [
         Case(T, 1, "missing_corpus", [["training", "dataset_path", "/nonexistent/corpus"]]),
         "clean",
         "[training] dataset_path = '/nonexistent/corpus' reads '/nonexistent/corpus', "
-        "which does not exist; build it with `python -m boost_titan.data build`",
+        "which does not exist; build it with `boost-titan data build`",
     ),
     (
         Case(T, 1, "local_text_without_path", [["training", "dataset", "local_text"]]),

@@ -14,9 +14,9 @@ TOMLS = sorted(REPO.glob("train_configs/*.toml")) + sorted(REPO.glob("recipes/*.
 
 _CHECK = """
 import sys
-from boost_titan import cpu_runtime
+from boost_titan.parallel import cpu_runtime
 cpu_runtime.activate()
-from boost_titan.train import parse_config
+from boost_titan.train.config_check import parse_config
 for path in sys.argv[1:]:
     cfg = parse_config(["--job.config_file", path])
     print(path, cfg.model.name, cfg.model.flavor, cfg.boost.tp_plan)
@@ -282,9 +282,9 @@ GOOD = [
 
 _CHECK_BAD = """
 import json, sys
-from boost_titan import cpu_runtime
+from boost_titan.parallel import cpu_runtime
 cpu_runtime.activate()
-from boost_titan.train import parse_config
+from boost_titan.train.config_check import parse_config
 errors = []
 for bad in json.loads(sys.argv[2]):
     try:
@@ -354,7 +354,7 @@ def _pp_config(schedule: str, parts, micro: int = 1):
 def test_explicit_stage_lists_follow_the_schedules_stage_rule():
     """module_fqns_per_model_part: the stages per rank obey the same rule as the
     automatic split (V: exactly 2, multi-stage: >= 2, single-stage: exactly 1)."""
-    from boost_titan.pipeline import check_pipeline_config, check_schedule_runs_here
+    from boost_titan.parallel.pipeline import check_pipeline_config, check_schedule_runs_here
 
     two = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "output"]]
     four = [["tok_embeddings", "layers.0"], ["layers.1"], ["layers.2"], ["layers.3", "output"]]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan.data import build, clean, fetch, loaders, manifest, sources, split, tokenizer
+from boost_titan.data import tokenizer
+from boost_titan.data.corpus import build, clean, fetch, loaders, manifest, sources, split
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / "data" / ".downloads"
@@ -170,7 +171,7 @@ def test_sha256_mismatch_raises_and_leaves_nothing(corpus_dir, tmp_path, monkeyp
 
 def test_cli_info(corpus_dir):
     proc = subprocess.run(
-        [sys.executable, "-m", "boost_titan.data", "info", "--out", str(corpus_dir)],
+        [sys.executable, "-m", "boost_titan.cli", "data", "info", "--out", str(corpus_dir)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""boost_titan.cpu_runtime: the CPU/gloo shims for torchtitan 0.2.2.
+"""boost_titan.parallel.cpu_runtime: the CPU/gloo shims for torchtitan 0.2.2.
 
 activate() must precede the first torchtitan import, so every check runs in a fresh
 interpreter and reports back as JSON on its last stdout line.
@@ -51,7 +51,7 @@ def profile_none():
 report = {}
 report["profile_before"] = profile_none()
 
-from boost_titan import cpu_runtime
+from boost_titan.parallel import cpu_runtime
 report["torchtitan_imported_early"] = "torchtitan" in sys.modules
 report["before"] = torch._utils._get_available_device_type()
 report["on"] = cpu_runtime.activate()
@@ -165,7 +165,7 @@ def test_importing_torchtitan_first_raises_clear_error():
     code = textwrap.dedent(
         """
         import torchtitan.tools.utils
-        from boost_titan import cpu_runtime
+        from boost_titan.parallel import cpu_runtime
         cpu_runtime.activate()
         """
     )

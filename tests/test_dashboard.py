@@ -8,7 +8,7 @@ import re
 import pytest
 from helpers import run_training
 
-from boost_titan import dashboard, step_profile
+from boost_titan.observability import dashboard, step_profile
 
 CONFIG_TAG = "custom_scalars__config__"
 

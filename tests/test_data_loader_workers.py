@@ -1,12 +1,12 @@
 """DataLoader workers (``[training.dataloader] num_workers``) over torchtitan's text
 dataset: a map-style dataset is read once per worker, so boost_titan refuses it
-(boost_titan.dataloader_workers); a streamed one is split among the workers."""
+(boost_titan.data.workers); a streamed one is split among the workers."""
 
 import json
 
 import pytest
 
-from boost_titan.dataloader_workers import DataloaderWorkersError, check_workers
+from boost_titan.data.workers import DataloaderWorkersError, check_workers
 
 DOCS = [f"document number {i} " * 20 for i in range(200)]
 
@@ -72,11 +72,11 @@ def test_streamed_is_split_among_workers(loaders):
 
 
 def test_the_trainers_loader_refuses_workers_over_map_style_data(corpus_dir):
-    """The train spec's own loader (boost_titan.text_loader), on the embedded corpus."""
+    """The train spec's own loader (boost_titan.data.loader), on the embedded corpus."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from boost_titan.config_check.parse import parse_config
+    from boost_titan.train.config_check.parse import parse_config
 
     config = "train_configs/debug_cola.toml"
     job = parse_config(["--job.config_file", config, "--training.dataloader.num_workers", "2"])

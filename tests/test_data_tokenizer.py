@@ -1,5 +1,6 @@
-"""``python -m boost_titan.data tokenizer``: a byte-level BPE trained on the user's own
-files, streamed (boost_titan.data.text_files, boost_titan.data.user_tokenizer)."""
+"""``boost-titan data tokenizer``: a byte-level BPE trained on the user's own
+files, streamed (boost_titan.data.user_tokenizer, over training's reader
+boost_titan.data.local_text)."""
 
 import json
 import random
@@ -9,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from boost_titan.data import text_files, tokenizer
-from boost_titan.data.__main__ import main
+from boost_titan.data import tokenizer, user_tokenizer
+from boost_titan.data.cli import main
 
 VOCAB = 600
 ROUND_TRIP = [
@@ -95,7 +96,7 @@ def test_loads_through_the_trainers_function(tok_dir):
     build_hf_tokenizer) and checks its size against the flavor's vocab_size."""
     from torchtitan.protocols.train_spec import get_train_spec
 
-    import boost_titan.specs  # noqa: F401  (registers the train specs)
+    import boost_titan.train.specs  # noqa: F401  (registers the train specs)
     from boost_titan.models.args import _check_tokenizer_vocab
 
     spec = get_train_spec("cola_llama2")
@@ -155,7 +156,7 @@ def test_formats_and_sampling(tmp_path):
     for i, d in enumerate(docs[9:]):
         (fmt / f"d{i}.txt").write_text(d)
     (fmt / "README.md").write_text("not read")
-    files = text_files.find_files(fmt)
+    files = user_tokenizer.find_files(fmt)
     assert [f.name for f in files] == [
         "a.jsonl",
         "b.json",
@@ -164,18 +165,20 @@ def test_formats_and_sampling(tmp_path):
         "d1.txt",
         "d2.txt",
     ]
-    stats = text_files.ReadStats()
-    assert list(text_files.iter_documents(files, "t", stats)) == docs
+    stats = user_tokenizer.ReadStats()
+    assert list(user_tokenizer.iter_documents(files, "t", stats)) == docs
     assert (stats.docs, stats.files) == (12, 6)
     assert stats.bytes == sum(len(d.encode()) for d in docs)
 
     # 4 docs over 2 files of 3: 2 from each, from each file's start
     two = files[:2]
-    stats = text_files.ReadStats()
-    assert list(text_files.iter_documents(two, "t", stats, max_docs=4)) == docs[:2] + docs[3:5]
+    stats = user_tokenizer.ReadStats()
+    assert list(user_tokenizer.iter_documents(two, "t", stats, max_docs=4)) == docs[:2] + docs[3:5]
     # a byte budget of 1.5 documents per file: each file stops at its second document
     budget = len(docs[0].encode()) + len(docs[3].encode())
-    got = list(text_files.iter_documents(two, "t", text_files.ReadStats(), max_bytes=budget))
+    got = list(
+        user_tokenizer.iter_documents(two, "t", user_tokenizer.ReadStats(), max_bytes=budget)
+    )
     assert got[0] == docs[0] and docs[3] in got and len(got) <= 4
 
 

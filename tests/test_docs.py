@@ -1,11 +1,12 @@
 """The README and docs/*.md name only things that exist, and run tools one way.
 
 Checked, statically (well under a second, nothing imports torch):
-- every command in a fenced or indented code block, or an inline code span, that runs
-  Python as ``.venv/bin/python -m X`` names a module X that resolves (the package
-  ``boost_titan`` imports no torch, so ``find_spec`` of its submodules is cheap); a bare
-  ``python -m`` is refused: the docs use ``.venv/bin/python -m`` everywhere, which works
-  in a fresh shell after ``make train``;
+- every command in a fenced or indented code block, or an inline code span, that runs a
+  tool as ``.venv/bin/boost-titan X`` names a command X of ``boost-titan`` (its table,
+  ``boost_titan.cli.main.COMMANDS``, whose modules resolve: ``find_spec`` is cheap, the
+  package imports no torch), and one that runs Python as ``.venv/bin/python -m X``
+  names a module that resolves; a bare ``boost-titan X`` or ``python -m`` is refused: the
+  docs use ``.venv/bin/`` everywhere, which works in a fresh shell after ``make train``;
 - every ``make T`` names a target of the Makefile;
 - every relative link and image points to an existing file inside the repository, and
   a ``#anchor`` into a markdown file names one of its headings (GitHub's slugs).
@@ -29,6 +30,7 @@ FENCE = re.compile(r"^```.*?$(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 PY_MODULE = re.compile(r"([^\s(`'\"]*python[\w.]*) -m ([A-Za-z_][\w.]*)")
+TOOL = re.compile(r"([^\s(`'\"]*)boost-titan(?: ([a-z][\w-]*))?")
 MAKE = re.compile(r"(?:^|[;&|]\s*|^\s*)make((?:\s+[A-Z_]+=\S+|\s+[a-z][\w-]*)*)")
 
 
@@ -69,16 +71,26 @@ def _make_targets() -> set[str]:
     return {t for line in re.findall(r"^([\w .-]+):(?!=)", text, re.M) for t in line.split()}
 
 
-def test_python_commands_name_existing_modules_one_way():
-    seen = 0
+def test_commands_name_existing_tools_one_way():
+    from boost_titan.cli.main import COMMANDS
+
+    for name, command in COMMANDS.items():
+        assert importlib.util.find_spec(command.module) is not None, (name, command.module)
+    tools = modules = 0
     for doc in DOCS:
         for line in _code(doc.read_text()):
+            where = f"{doc.relative_to(ROOT)}: {line.strip()!r}"
             for interp, module in PY_MODULE.findall(line):
-                where = f"{doc.relative_to(ROOT)}: {line.strip()!r}"
                 assert interp == ".venv/bin/python", f"{where}: run Python as .venv/bin/python -m"
                 assert importlib.util.find_spec(module) is not None, f"{where}: no module {module}"
-                seen += 1
-    assert seen >= 20, f"only {seen} python -m commands found: the extraction is broken"
+                modules += 1
+            for prefix, name in TOOL.findall(line):
+                if not name:  # the command's name in prose
+                    continue
+                assert prefix == ".venv/bin/", f"{where}: run the tools as .venv/bin/boost-titan"
+                assert name in COMMANDS, f"{where}: boost-titan has no command {name}"
+                tools += 1
+    assert tools >= 30, f"only {tools} boost-titan commands found: the extraction is broken"
 
 
 def test_make_targets_exist():
@@ -123,25 +135,25 @@ def test_slug_matches_github():
 # (``tests/<file>.py::<function>``, which must exist) or why none does. A new README
 # command fails test_every_readme_command_is_run_or_excused until it is listed here.
 README_COMMANDS = {
-    ".venv/bin/python -m boost_titan.plan --search": "the same command on the debug model "
+    ".venv/bin/boost-titan search": "the same command on the debug model "
     "with a custom GPU and --write: "
     "tests/test_perf_model.py::test_search_writes_a_recipe_that_passes_its_dry_run",
-    ".venv/bin/python -m boost_titan.checkpoint export --format hf": "the same command on the "
+    ".venv/bin/boost-titan checkpoint export --format hf": "the same command on the "
     "debug_cola seed checkpoint (same model): tests/test_hf_export.py::"
     "test_hf_dcp_hf_round_trip_is_bitwise (its fixture exports, imports, exports again)",
-    ".venv/bin/python -m boost_titan.eval": "on 3 short validation documents (--data): "
+    ".venv/bin/boost-titan eval": "on 3 short validation documents (--data): "
     "tests/test_hf_eval.py::test_lm_eval_perplexity_equals_the_trainers_model",
-    ".venv/bin/python -m boost_titan.checkpoint import --format hf": "the same command: "
+    ".venv/bin/boost-titan checkpoint import --format hf": "the same command: "
     "tests/test_hf_export.py::test_hf_dcp_hf_round_trip_is_bitwise",
     "make train NGPU=1": "the same run without make: "
     "tests/test_lowrank_train.py::test_single_process_20_steps (svd, 1 process, 20 steps)",
     "make train": "set-up: .ci/run's `make setup data`; the run (run_train.sh, 2 ranks, "
     "the default config): tests/test_train_e2e.py::test_default_run_is_reproducible",
     "make test": ".ci/run runs it for every submission",
-    ".venv/bin/python -m boost_titan.data build --vocab-size": "excused: a second "
+    ".venv/bin/boost-titan data build --vocab-size": "excused: a second "
     "corpus copy and tokenizer no test needs (18 s); the 8192-token build is .ci/run's `make data` "
     "(tests/test_corpus.py::test_manifest_layout checks it)",
-    ".venv/bin/python -m boost_titan.data tokenizer": "the same command in-process on a "
+    ".venv/bin/boost-titan data tokenizer": "the same command in-process on a "
     "generated corpus: tests/test_data_tokenizer.py::test_folder_specials_round_trip; its "
     "folder trains: tests/test_data_tokenizer.py::test_short_training_run",
     "CONFIG_FILE=train_configs/debug_lax_pp2.toml": "the config on 2 ranks: "
@@ -149,15 +161,15 @@ README_COMMANDS = {
     "NGPU=2 ./run_train.sh --boost.no-group-linears": "its flags, separately: --boost.log_comm "
     "in tests/test_btp_e2e.py::test_cola_btp_tp2_matches_single_process; ungrouped and "
     "sync-norm numerics in tests/test_btp.py::test_btp_matches_single_device",
-    ".venv/bin/python -m boost_titan.dryrun --config recipes/": "every recipe: "
+    ".venv/bin/boost-titan dryrun --config recipes/": "every recipe: "
     "tests/test_dryrun.py::test_every_recipe_fits_at_its_world_size",
     "PYTHON=$PWD/.venv/bin/python sbatch": "excused: needs SLURM and GPUs",
     ".venv/bin/tensorboard": "excused: a server; the events it shows are checked by "
     "tests/test_train_e2e.py::test_tp2_tensorboard_scalars",
     "NGPU=2 ./run_train.sh --checkpoint.enable": "the fine-tuning example, all four commands: "
     "tests/test_checkpoint_options.py::test_keep_latest_k_and_the_readme_fine_tuning_example",
-    ".venv/bin/python -m boost_titan.checkpoint export": "the fine-tuning example (above)",
-    ".venv/bin/python -m boost_titan.checkpoint import": "the fine-tuning example (above)",
+    ".venv/bin/boost-titan checkpoint export": "the fine-tuning example (above)",
+    ".venv/bin/boost-titan checkpoint import": "the fine-tuning example (above)",
 }
 
 

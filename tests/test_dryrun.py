@@ -1,4 +1,4 @@
-"""The dry run (``python -m boost_titan.dryrun``) against real ranks, and every recipe
+"""The dry run (``boost-titan dryrun``) against real ranks, and every recipe
 at its world size.
 
 Ground truth: ``--measure`` builds the same config on real gloo ranks (forked with
@@ -24,9 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _dry(config: str, ngpu: int, *extra: str) -> subprocess.CompletedProcess:
-    """``python -m boost_titan.dryrun --config config --ngpu ngpu extra``."""
+    """``boost-titan dryrun --config config --ngpu ngpu extra``."""
     return run_main(
-        "boost_titan.dryrun.cli",
+        "boost_titan.cli.main",
+        "dryrun",
         "--config",
         config,
         "--ngpu",
@@ -42,9 +43,10 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
 
 
 def _measured(config: str, ngpu: int, *extra: str) -> dict:
-    """``torchrun --nproc-per-node ngpu -m boost_titan.dryrun ... --measure --json``."""
+    """``torchrun --nproc-per-node ngpu -m boost_titan.perf.dryrun ... --measure --json``."""
     proc = run_main(
-        "boost_titan.dryrun.cli",
+        "boost_titan.cli.main",
+        "dryrun",
         "--config",
         config,
         "--ngpu",
@@ -112,7 +114,7 @@ def test_dry_run_equals_real_ranks(config, ngpu, extra):
 
 def _recipes() -> list[tuple[str, int, int]]:
     """(recipe, world size, pipeline degree) of every recipe."""
-    from boost_titan.tools.recipes import LAYOUTS, all_recipes, recipe_name
+    from boost_titan.perf.recipes import LAYOUTS, all_recipes, recipe_name
 
     return [
         (f"recipes/{recipe_name(arch, size, optimizer)}.toml", LAYOUTS[size][2], LAYOUTS[size][1])
@@ -125,8 +127,8 @@ def test_every_recipe_fits_at_its_world_size():
     size it is written for: all 54 roles (one per pipeline rank) in one pool, one
     process per core, each forked from a server that imported torchtitan once (the
     CLI's JSON path is covered above and below)."""
-    from boost_titan.dryrun import fits
-    from boost_titan.tools.recipes import _dry_runs
+    from boost_titan.perf.dryrun import fits
+    from boost_titan.perf.recipes import _dry_runs
 
     recipes = _recipes()
     assert len(recipes) == 26 and all((REPO / r).is_file() for r, _, _ in recipes)

@@ -12,7 +12,7 @@ weights and optimizer state, bit for bit (fp32).
   checkpoint is untouched; under nan_policy = "skip" a skipped step leaves the weights
   exactly as they were, and too many skips in a row stop the run.
 
-Faults come from BOOST_TITAN_INJECT (boost_titan.fault), so each one lands at a known
+Faults come from BOOST_TITAN_INJECT (boost_titan.train.fault), so each one lands at a known
 step on every run. The restart and preemption runs go through run_train.sh and
 torchrun (what they test is the launcher's part); the others fork their ranks
 (tests/launcher.py)."""
@@ -28,7 +28,7 @@ import torch
 from helpers import run_training
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from boost_titan.fault import parse_injections, quarantine_incomplete_checkpoints
+from boost_titan.train.fault import parse_injections, quarantine_incomplete_checkpoints
 
 CONFIG = "debug_cola_btp_tp2.toml"
 BASE = (

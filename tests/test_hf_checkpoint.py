@@ -1,5 +1,5 @@
 """``[checkpoint] last_save_in_hf`` / ``initial_load_in_hf`` through our state-dict
-adapters (``boost_titan/hf/adapters.py``), on real gloo ranks across layouts.
+adapters (``boost_titan/checkpoint/hf/adapters.py``), on real gloo ranks across layouts.
 
 One save per model, from its seed checkpoint (``conftest.seed_checkpoint``), in a
 tensor-parallel layout (CoLA: BTP TP2; dense: Megatron TP2), one step at learning rate 0,
@@ -32,7 +32,7 @@ from helpers import REPO_ROOT, run_training
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-from boost_titan.hf.adapters import hf_format
+from boost_titan.checkpoint.hf.adapters import hf_format
 from boost_titan.models.flavors import flavors_for
 from boost_titan.models.model import Transformer
 
@@ -126,7 +126,7 @@ def test_hf_start_refuses_a_config_of_another_model(hf_save, tmp_path, monkeypat
     """initial_load_in_hf from a folder whose config.json describes another CoLA (no outer
     SiLU: same shapes, so DCP alone would load it silently): one line when the config is
     parsed, before any rank starts."""
-    from boost_titan.config_check.parse import parse_config
+    from boost_titan.train.config_check.parse import parse_config
 
     monkeypatch.setenv("WORLD_SIZE", "1")  # a launch: the files it would load are checked
     _, step = hf_save("cola")

@@ -1,4 +1,4 @@
-"""lm-eval on an exported folder, offline (``python -m boost_titan.eval``): the perplexity
+"""lm-eval on an exported folder, offline (``boost-titan eval``): the perplexity
 task's figures equal what the trainer's own model computes on the same documents.
 
 The reference is independent of lm-eval and of the exported ``transformers`` class: the
@@ -19,8 +19,8 @@ import torch
 from helpers import run_main
 from test_hf_export import _ours
 
-from boost_titan import eval as boost_eval
-from boost_titan.hf.folder import write_hf_folder
+from boost_titan.checkpoint.hf.folder import write_hf_folder
+from boost_titan.cli import eval as boost_eval
 
 LIMIT = 3
 
@@ -61,8 +61,8 @@ def test_lm_eval_perplexity_equals_the_trainers_model(tmp_path, corpus_dir):
     out = tmp_path / "eval.json"
     # the README's command (docs/huggingface.md), on your own documents
     proc = run_main(
-        "boost_titan.eval", "--model", str(folder), "--data", str(data), "--text-field", "content",
-        "--output", str(out),
+        "boost_titan.cli.main", "eval", "--model", str(folder), "--data", str(data),
+        "--text-field", "content", "--output", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "nats/token" in proc.stdout and "byte_perplexity" in proc.stdout

@@ -20,9 +20,14 @@ import pytest
 import torch
 from helpers import REPO_ROOT, run_main
 
-from boost_titan.hf import HFFormatError
-from boost_titan.hf.boost_format import BOOST
-from boost_titan.hf.folder import INDEX_FILE, read_hf_config, read_hf_tensors, write_hf_folder
+from boost_titan.checkpoint.hf import HFFormatError
+from boost_titan.checkpoint.hf.boost_format import BOOST
+from boost_titan.checkpoint.hf.folder import (
+    INDEX_FILE,
+    read_hf_config,
+    read_hf_tensors,
+    write_hf_folder,
+)
 from boost_titan.models import flavors_for
 from boost_titan.models.model import Transformer
 
@@ -48,8 +53,8 @@ def _ours(arch: str, flavor: str, gate: str, seed: int = 0) -> Transformer:
 
 
 def _transformers_model(model: Transformer):
-    from boost_titan.hf.remote.configuration_boost_llama import BoostLlamaConfig
-    from boost_titan.hf.remote.modeling_boost_llama import BoostLlamaForCausalLM
+    from boost_titan.checkpoint.hf.remote.configuration_boost_llama import BoostLlamaConfig
+    from boost_titan.checkpoint.hf.remote.modeling_boost_llama import BoostLlamaForCausalLM
 
     args = model.model_args
     config = {k: v for k, v in BOOST.config(args).items() if k not in ("auto_map",)}
@@ -218,7 +223,8 @@ def test_exported_folders_load_offline_and_generate_like_ours(corpus_dir, tmp_pa
 # ----------------------------------------------------------------------------- CLI
 def _cli(*args: str, config: str = "debug_cola.toml", ok: bool = True):
     proc = run_main(
-        "boost_titan.checkpoint",
+        "boost_titan.cli.main",
+        "checkpoint",
         *args,
         "--job.config_file",
         str(REPO_ROOT / "train_configs" / config),
@@ -266,8 +272,8 @@ def exported(seed_checkpoint, tmp_path_factory):
 
 
 def test_hf_dcp_hf_round_trip_is_bitwise(exported):
-    from boost_titan.checkpoint import read_dcp_model
-    from boost_titan.hf.boost_format import hf_name
+    from boost_titan.checkpoint.export import read_dcp_model
+    from boost_titan.checkpoint.hf.boost_format import hf_name
 
     first, again = exported["first"], exported["again"]
     _identical(read_hf_tensors(first), read_hf_tensors(again))
@@ -276,7 +282,7 @@ def test_hf_dcp_hf_round_trip_is_bitwise(exported):
     for name in ("tokenizer.json", "modeling_boost_llama.py", "configuration_boost_llama.py"):
         assert (first / name).read_bytes() == (again / name).read_bytes()
     # and the folder holds the seed checkpoint's tensors under their HF names
-    from boost_titan.checkpoint import expected_tensors, model_for
+    from boost_titan.checkpoint.export import expected_tensors, model_for
 
     hf = read_hf_tensors(first)
     _, meta_model = model_for(_job("debug_cola.toml"))
@@ -306,7 +312,7 @@ def test_bf16_export_is_sharded_with_an_index(exported):
 
 # ----------------------------------------------------------------------------- bad input
 def _job(config: str, *overrides: str):
-    from boost_titan.config_check import parse_config
+    from boost_titan.train.config_check import parse_config
 
     return parse_config(
         ["--job.config_file", str(REPO_ROOT / "train_configs" / config), *overrides],
@@ -380,7 +386,7 @@ _BAD_IMPORTS = {
 
 @pytest.mark.parametrize("case", sorted(_BAD_IMPORTS))
 def test_import_refuses_a_folder_that_does_not_fit(exported, tmp_path, case):
-    from boost_titan.hf.convert import import_hf
+    from boost_titan.checkpoint.hf.convert import import_hf
 
     config, overrides, change, message = _BAD_IMPORTS[case]
     folder = tmp_path / "folder"
@@ -395,8 +401,8 @@ def test_import_refuses_a_folder_that_does_not_fit(exported, tmp_path, case):
 
 
 def test_export_refuses_bad_input_and_writes_nothing(exported, tmp_path):
-    from boost_titan.hf.convert import export_hf
-    from boost_titan.hf.folder import get_format
+    from boost_titan.checkpoint.hf.convert import export_hf
+    from boost_titan.checkpoint.hf.folder import get_format
 
     seed = str(exported["seed"])
     out = tmp_path / "out"
@@ -427,7 +433,7 @@ def test_training_does_not_import_transformers():
         [
             sys.executable,
             "-c",
-            "import boost_titan.train, boost_titan.specs, boost_titan.checkpoint, sys; "
+            "import boost_titan.train, boost_titan.train.specs, boost_titan.cli.checkpoint, sys; "
             "assert 'transformers' not in sys.modules, 'transformers imported'",
         ],
         cwd=REPO_ROOT,

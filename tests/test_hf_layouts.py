@@ -1,4 +1,5 @@
-"""The llama and cola Hugging Face layouts (boost_titan/hf/llama_format.py, cola_format.py).
+"""The llama and cola Hugging Face layouts (boost_titan/checkpoint/hf/llama_format.py,
+cola_format.py).
 
 llama: ``transformers``' own ``LlamaForCausalLM``, built from our exported weights, gives
 our logits (fp32), MHA and GQA; the q/k permutation is what makes it so.
@@ -28,9 +29,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from boost_titan.hf import HFFormatError
-from boost_titan.hf.cola_format import COLA
-from boost_titan.hf.llama_format import LLAMA
+from boost_titan.checkpoint.hf import HFFormatError
+from boost_titan.checkpoint.hf.cola_format import COLA
+from boost_titan.checkpoint.hf.llama_format import LLAMA
 from boost_titan.models.args import LlamaArgs
 from boost_titan.models.model import Transformer
 
@@ -212,7 +213,7 @@ def test_cola_refuses_what_the_authors_model_cannot_hold():
 def test_hf_step_in_the_run_folder_is_not_resumed(tmp_path, monkeypatch):
     """The same command again after a last_save_in_hf save: refused at launch, naming
     the way to start from it (initial_load_in_hf)."""
-    from boost_titan.train import parse_config
+    from boost_titan.train.config_check import parse_config
 
     step = tmp_path / "checkpoint" / "step-2"
     step.mkdir(parents=True)
@@ -228,8 +229,8 @@ def test_hf_step_in_the_run_folder_is_not_resumed(tmp_path, monkeypatch):
 
 
 def test_hf_checkpoint_options_refused_before_training():
-    from boost_titan.hf.adapters import adapter_for
-    from boost_titan.train import parse_config
+    from boost_titan.checkpoint.hf.adapters import adapter_for
+    from boost_titan.train.config_check import parse_config
 
     base = ["--job.config_file", "train_configs/debug_cola.toml", "--checkpoint.enable"]
     with pytest.raises(ValueError, match="last_save_model_only = False but last_save_in_hf"):

@@ -8,10 +8,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tp_sim import plan_fn, reference_model, run_parallel, small_args
 
-from boost_titan.comm_stats import CommCounter, _block_of
-from boost_titan.latent_checkpoint import ATTENTION_OPS, apply_latent_checkpointing
 from boost_titan.models.flavors import flavors_for
 from boost_titan.models.model import Transformer
+from boost_titan.observability.comm_stats import CommCounter, _block_of
+from boost_titan.parallel.latent_checkpoint import ATTENTION_OPS, apply_latent_checkpointing
 
 
 def _btp_with(mode, every=1, keep="attention"):

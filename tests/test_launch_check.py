@@ -1,5 +1,5 @@
 """A bad config costs nothing on a cluster: ``run_train.sh`` and ``recipes/slurm_train.sh``
-check it once, in one process (``boost_titan.launch_check``, WORLD_SIZE = ranks per node
+check it once, in one process (``boost_titan.train.launch_check``, WORLD_SIZE = ranks per node
 x nodes), before torchrun or srun starts; the error is one line (several nodes: a second
 one saying how WORLD_SIZE was counted) and the exit status 2.
 A config error found inside a rank is the same line, without a traceback.
@@ -67,7 +67,7 @@ def test_run_train_bad_config_is_one_line_before_torchrun(tmp_path, env, args, w
     assert out == [TP3_ERROR.format(n=n, ws=ws), *extra]
     # one interpreter ran, the pre-check, with the ranks' arguments; torchrun never started
     assert calls.read_text().splitlines() == [
-        f"-m boost_titan.launch_check {ws} --job.config_file {TP2} {' '.join(args)}"
+        f"-m boost_titan.train.launch_check {ws} --job.config_file {TP2} {' '.join(args)}"
     ]
 
 
@@ -103,7 +103,7 @@ def test_slurm_bad_config_is_one_line_before_srun(tmp_path):
         "slurm_train.sh: WORLD_SIZE 2 = GPUS_PER_NODE 1 x SLURM_NNODES 2",
     ]
     assert calls.read_text().splitlines() == [
-        f"-m boost_titan.launch_check 2 --job.config_file {TP2} "
+        f"-m boost_titan.train.launch_check 2 --job.config_file {TP2} "
         "--parallelism.tensor_parallel_degree 3"
     ]
 
@@ -112,7 +112,7 @@ def test_rank_side_config_error_has_no_traceback():
     """What the ranks print when the pre-check is skipped (BOOST_TITAN_PRECHECK=0, or
     torchrun launched by hand): each rank one line, exit status 2."""
     proc = run_main(
-        "boost_titan.train",
+        "boost_titan.train.trainer",
         "--job.config_file",
         str(REPO_ROOT / TP2),
         "--parallelism.tensor_parallel_degree",

@@ -1,4 +1,5 @@
-"""Resuming a checkpoint under another layout (``boost_titan.data_resume``), on real gloo
+"""Resuming a checkpoint under another layout (``boost_titan.checkpoint.data_position``), on
+real gloo
 ranks, from one BTP TP2 run (data-parallel degree 1, 3 steps, checkpoints at steps 2
 and 3):
 
@@ -31,7 +32,7 @@ from pathlib import Path
 import pytest
 from helpers import run_training
 
-from boost_titan.data_resume import (
+from boost_titan.checkpoint.data_position import (
     DataResumeError,
     _check_reshardable,
     contiguous_shards,
@@ -151,7 +152,7 @@ def _items(step_dir: Path) -> dict:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     meta = safe_metadata.loads((step_dir / ".metadata").read_bytes(), str(step_dir))
     keys = {

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO_ROOT, run_training
 
-from boost_titan import local_text
-from boost_titan.local_text import (
+from boost_titan.data import local_text
+from boost_titan.data.local_text import (
     CorpusError,
     check_corpus,
     find_corpus,
@@ -108,6 +108,75 @@ def test_every_format_streams_its_documents_without_a_cache_copy(tmp_path, monke
     assert [p for p in cache.rglob("*") if p.suffix == ".arrow"]
 
 
+def test_a_json_array_is_streamed_element_by_element(tmp_path, monkeypatch):
+    """A corpus that is one top-level JSON array is read one element at a time: the same
+    documents as ``json.load`` (elements, numbers and UTF-8 split across the reader's
+    chunks), the first ones yielded before a bad element far into the file is reached
+    (a whole-file parse would fail before yielding any), and every malformed array one
+    line naming the file."""
+    monkeypatch.setattr(local_text, "_ARRAY_CHUNK", 7)  # elements span many chunks
+    docs = _docs(5, 40) + ["é∑ unicode", ""]
+    path = tmp_path / "a.json"
+    items = [{"text": d, "n": 12345678901, "x": [1.5, {"y": None}]} for d in docs]
+    for sep in (",", ", \n", "\n,\n  "):
+        path.write_text(
+            " \n[" + sep.join(json.dumps(x, ensure_ascii=False) for x in items) + " ]\n"
+        )
+        assert list(local_text.read_documents(path, "text")) == [
+            x["text"] for x in json.loads(path.read_text())
+        ]
+    path.write_text("[" + ",".join(json.dumps({"text": d}) for d in docs[:3]) + ', {"text": ]')
+    reader = local_text.read_documents(path, "text")
+    assert [next(reader) for _ in range(3)] == docs[:3]
+    with pytest.raises(
+        CorpusError, match=rf"^local_text: {re.escape(str(path))} is not valid JSON"
+    ):
+        next(reader)
+    for bad, why in (
+        ("[", "Expecting value"),
+        ('[{"text": "a"} {"text": "b"}]', "expected ',' or ']' after item"),
+        ('[{"text": "a"},]', "Expecting value"),
+        ('[{"text": "a"}', "expected ',' or ']' after item, found the end of the file"),
+        ('[{"text": "a"}] x', "more after the array's closing ']'"),
+    ):
+        path.write_text(bad)
+        with pytest.raises(CorpusError, match=re.escape(why)):
+            list(local_text.read_documents(path, "text"))
+    for empty in ("[]", " [ \n ] "):
+        path.write_text(empty)
+        assert list(local_text.read_documents(path, "text")) == []
+
+
+def test_training_and_the_tokenizer_read_files_alike(tmp_path):
+    """One reader: the tokenizer command finds the files training finds (hidden files
+    and folders skipped) and reads the documents training reads (an empty .txt holds
+    none)."""
+    from boost_titan.data import user_tokenizer
+
+    root = tmp_path / "corpus"
+    _write(root / "a.jsonl", "jsonl", _docs(1, 3))
+    _write(root / "b" / "c.jsonl", "jsonl", _docs(2, 2))
+    _write(root / ".cache" / "d.jsonl", "jsonl", _docs(3, 2))  # a tool's folder
+    _write(root / ".e.jsonl", "jsonl", _docs(4, 1))  # an editor's file
+    (root / "empty.jsonl").write_text("\n")
+    corpus = find_corpus(str(root))
+    assert [Path(f).name for f in corpus.files] == ["a.jsonl", "c.jsonl", "empty.jsonl"]
+    assert user_tokenizer.find_files(root) == [Path(f) for f in corpus.files]
+    stats = user_tokenizer.ReadStats()
+    docs = list(user_tokenizer.iter_documents([Path(f) for f in corpus.files], "text", stats))
+    assert docs == _read(corpus) == _docs(1, 3) + _docs(2, 2)
+    txt = tmp_path / "txt"
+    _write(txt / "a.txt", "txt", ["one document"])
+    (txt / "b.txt").write_text("")
+    files = user_tokenizer.find_files(txt)
+    assert list(user_tokenizer.iter_documents(files, "text", user_tokenizer.ReadStats())) == [
+        "one document"
+    ]
+    assert list(local_text.documents([str(f) for f in files], "text", "text")) == [
+        {"text": "one document"}
+    ]
+
+
 def test_a_saved_dataset_stays_map_style(tmp_path):
     from datasets import Dataset
 
@@ -126,7 +195,7 @@ def test_a_saved_dataset_stays_map_style(tmp_path):
     assert not corpus.streamed and corpus.kind == "saved"
     from datasets import Dataset as MapStyle
 
-    from boost_titan.text_loader import describe_share
+    from boost_titan.data.loader import describe_share
 
     assert describe_share(corpus, "local_text", 5, 1, 2) == (
         f"local_text: {tmp_path / 'saved'}: a save_to_disk folder of 5 documents (text field "
@@ -146,7 +215,8 @@ def test_text_field(tmp_path):
         check_corpus(find_corpus(str(path)))
     assert str(e.value) == (
         f"local_text: {path} line 1 has no text field 'text' (fields: ['content', 'id']); "
-        "set [training] dataset_text_field to the field holding the document text"
+        "set [training] dataset_text_field to the field holding the document text "
+        "(--text-field for `boost-titan data tokenizer`)"
     )
     # a later document without it stops the stream with the same line
     path.write_text(path.read_text() + json.dumps({"body": "x"}) + "\n")
@@ -170,7 +240,7 @@ def _tokenizer():
 
 
 def _dataset(corpus, rank, world=2, seq_len=16):
-    from boost_titan.text_loader import LocalTextDataset
+    from boost_titan.data.loader import LocalTextDataset
 
     return LocalTextDataset("local_text", corpus, _tokenizer(), seq_len, rank, world, True)
 
@@ -182,7 +252,7 @@ def _share(corpus, rank, world=2) -> list[str]:
 
 
 def test_sharding_by_file_or_by_sample(tmp_path):
-    from boost_titan.text_loader import describe_share
+    from boost_titan.data.loader import describe_share
 
     per_file = [_docs(10 + i, 3) for i in range(4)]
     for i, docs in enumerate(per_file):
@@ -257,7 +327,7 @@ def _packed_batches(docs: list[str], seq_len: int, batch: int) -> list[list[list
 
 
 def _loader(corpus, rank, world, workers, infinite=True, seq_len=16):
-    from boost_titan.text_loader import LocalTextDataloader, LocalTextDataset
+    from boost_titan.data.loader import LocalTextDataloader, LocalTextDataset
 
     tok = _tokenizer()
     ds = LocalTextDataset("local_text", corpus, tok, seq_len, rank, world, infinite, workers)
@@ -291,7 +361,7 @@ def test_dataloader_workers_read_each_document_once_and_resume_exactly(tmp_path)
     uninterrupted loader's batches; (c) the same loader twice gives the same batches.
     Before LocalTextDataset kept its epoch per process and copied its token buffer,
     (b) failed for every K and (c) for one rank (the workers shared datasets' epoch)."""
-    from boost_titan.text_loader import describe_share
+    from boost_titan.data.loader import describe_share
 
     for corpus, world, per_file in _workers_corpora(tmp_path):
         by_file = len(per_file) % world == 0
@@ -345,8 +415,8 @@ def test_resume_over_changed_files_is_refused_in_one_line(tmp_path):
     SystemExit: no traceback per rank), also with DataLoader workers (checked in the
     main process, before a worker loads it). The same files copied elsewhere (new path,
     new mtimes) and a state saved before the fingerprint existed resume exactly."""
-    from boost_titan.corpus_fingerprint import KEY
-    from boost_titan.data_resume import DataResumeError
+    from boost_titan.checkpoint.data_position import DataResumeError
+    from boost_titan.data.fingerprint import KEY
 
     root = tmp_path / "c"
     for i in range(4):
@@ -446,7 +516,7 @@ def test_an_empty_share_stops_in_one_line(tmp_path):
 
 
 def test_reshard_refuses_a_streamed_local_text(tmp_path):
-    from boost_titan.data_resume import DataResumeError, _check_reshardable
+    from boost_titan.checkpoint.data_position import DataResumeError, _check_reshardable
 
     path = _write(tmp_path / "c.jsonl", "jsonl", _docs(6, 4))
 
@@ -482,7 +552,7 @@ def test_holdout_files_are_disjoint_from_training(tmp_path):
 
 
 def _check(*overrides: str) -> None:
-    from boost_titan.config_check import check_config, parse_config
+    from boost_titan.train.config_check import check_config, parse_config
 
     argv = [
         "--job.config_file",
@@ -537,7 +607,7 @@ def test_startup_refusals(tmp_path):
             ("--training.dataset_path", str(field), "--validation.no-enable"),
             f"[training] dataset_path = '{field}' (local_text): {field} line 1 has no text "
             "field 'text' (fields: ['body', 'id']); set [training] dataset_text_field to the "
-            "field holding the document text",
+            "field holding the document text (--text-field for `boost-titan data tokenizer`)",
         ),
         (
             ("--training.dataset_path", str(nothing), "--validation.no-enable"),
@@ -628,7 +698,7 @@ def _tensors(step_dir: Path) -> dict:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     meta = safe_metadata.loads((step_dir / ".metadata").read_bytes(), str(step_dir))
     keys = {k for k, v in meta.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}

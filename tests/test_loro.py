@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan import cpu_runtime
+from boost_titan.parallel import cpu_runtime
 
 cpu_runtime.activate()
 
@@ -192,7 +192,7 @@ def test_exact_float32_matches_float64():
 
 
 def test_exact_dtype_is_checked_at_parse_time():
-    from boost_titan.train import parse_config
+    from boost_titan.train.config_check import parse_config
 
     toml = Path(__file__).resolve().parents[1] / "train_configs" / "debug_svd_loro.toml"
     base = ["--job.config_file", str(toml)]
@@ -207,9 +207,9 @@ def test_exact_dtype_is_checked_at_parse_time():
 
 
 def test_bench_pair_mode_extrapolates_the_spread_svd():
-    """``python -m boost_titan.bench.loro --pair``'s model at the debug flavor (TP2 x
+    """``boost-titan bench-loro --pair``'s model at the debug flavor (TP2 x
     FSDP2: 4 ranks share each pair): spreading saves (pairs - ceil(pairs / 4)) SVDs."""
-    from boost_titan.bench.loro import pair_report, report_pair
+    from boost_titan.perf.bench.loro import pair_report, report_pair
 
     res = pair_report("debugmodel", 2, 2, 1, 1, 0.4)
     assert res["pairs"] == 28 and res["shapes"]["256x256x64"] == ["wq", "wk", "wv", "wo"]

@@ -132,7 +132,7 @@ def test_single_process_loss_falls(loro_single):
     print(f"\nLORO 1 process, K={K}: {[round(x, 4) for x in losses]}")
     assert len(losses) == 7 and losses[-1] < losses[0] - 0.5, losses
     # one process, float32: torchtitan's autocast to float32 (refused by CPU autocast)
-    # used to warn; no Python warning is left (boost_titan.log_filters)
+    # used to warn; no Python warning is left (boost_titan.observability.log_filters)
     assert "Warning:" not in loro_single.output, loro_single.output[-3000:]
 
 
@@ -219,7 +219,7 @@ def test_bench_counts_the_exact_step_collectives(tmp_path):
     import sys
 
     out = tmp_path / "loro.json"
-    cmd = [sys.executable, "-m", "boost_titan.bench.loro", "--smoke", "--reps", "1"]
+    cmd = [sys.executable, "-m", "boost_titan.cli", "bench-loro", "--smoke", "--reps", "1"]
     proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())

@@ -15,7 +15,7 @@ Real torchrun processes on gloo (CPU). One torchrun job at a time.
     - the logged PP loss is sum(microbatch loss sums) / global valid tokens, which is
       the same token mean the one-process run logs;
     - torchtitan 0.2.2's PP schedule backpropagates a sum loss (gradients x the step's
-      token count, 1024 here); boost_titan.pipeline divides each microbatch loss by the
+      token count, 1024 here); boost_titan.parallel.pipeline divides each microbatch loss by the
       token count first, so the grad norm equals the one-process run's.
     - the learning-rate schedule depends on ``training.steps`` once warmup (4 steps) is
       over, and the warmup is shortened when steps < warmup: the PP run uses 5 steps,

@@ -259,7 +259,7 @@ def test_slurm_relaunch_resumes_across_nodes(reference, node_lost):
     # the config checked once, for GPUS_PER_NODE x SLURM_NNODES ranks, then one srun
     # whose agent per node meets at the head node
     assert lines[0] == "scontrol show hostnames node[0-1]"
-    assert lines[1].startswith("python -m boost_titan.launch_check 2 --job.config_file ")
+    assert lines[1].startswith("python -m boost_titan.train.launch_check 2 --job.config_file ")
     assert [x for x in lines if x.startswith("srun")] == [
         x
         for x in lines[2:3]

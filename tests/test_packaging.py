@@ -16,12 +16,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 REQUIRED = (
     "boost_titan/__init__.py",
-    "boost_titan/train.py",
-    "boost_titan/cpu_runtime.py",
-    "boost_titan/specs.py",
+    "boost_titan/train/__main__.py",
+    "boost_titan/parallel/cpu_runtime.py",
+    "boost_titan/train/specs.py",
     "boost_titan/models/model.py",
     "boost_titan/tp_plans/btp.py",
-    "boost_titan/data/build.py",
+    "boost_titan/data/corpus/build.py",
+    # package data read at run time (a non-editable install has no checkout around it)
+    "boost_titan/perf/gpu_base.toml",
+    "boost_titan/cli/tasks/boost_corpus_ppl.yaml",
 )
 
 
@@ -82,5 +85,5 @@ def test_wheel_contains_every_subpackage(tmp_path):
         assert f"{parent}/__init__.py" in names, parent
     # no tests, configs or data leak into the wheel
     assert not any(n.startswith(("tests/", "train_configs/", "data/")) for n in names)
-    # the console script of pyproject.toml
-    assert "boost-data = boost_titan.data.__main__:main" in scripts
+    # the one console script of pyproject.toml
+    assert "boost-titan = boost_titan.cli.main:console_script" in scripts

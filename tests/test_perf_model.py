@@ -1,5 +1,5 @@
-"""The step-time model (boost_titan.perf_model), its hardware table, its calibration
-(boost_titan.perf_calibration) and the layout search (boost_titan.search, ``plan
+"""The step-time model (boost_titan.perf.step_time), its hardware table, its calibration
+(boost_titan.perf.calibration) and the layout search (boost_titan.perf.search, ``plan
 --search``).
 
 Each term of the model is checked against a closed form computed here by hand from
@@ -16,8 +16,10 @@ import re
 import pytest
 from helpers import run_main
 
-from boost_titan import hardware, perf_calibration, perf_model
-from boost_titan.perf_model import Efficiency, Layout, ring_time, step_time
+from boost_titan.perf import calibration as perf_calibration
+from boost_titan.perf import hardware
+from boost_titan.perf import step_time as perf_model
+from boost_titan.perf.step_time import Efficiency, Layout, ring_time, step_time
 
 EFF = Efficiency(gemm=0.7, hbm=0.6, link=0.5, alpha_s=1e-5)
 
@@ -122,13 +124,13 @@ def test_fsdp_hidden_when_fast_exposed_when_slow():
     reduce-scatter go over the network; behind compute only the first gather, the
     last reduce-scatter and the stack ends' show; on a slow network each block's
     excess shows too."""
-    from boost_titan.plan import _params_per_rank
+    from boost_titan.perf.plan import params_per_rank
 
     a = _args()
     fast = hardware.GPU("fast", 989.5e12, 3.35e12, 80, 900e9, 400e9 * 100)
     slow = hardware.GPU("slow", 989.5e12, 3.35e12, 80, 900e9, 1e9)
     lay = Layout("btp", tp=8, dp_shard=8, gpus_per_node=8)
-    P = _params_per_rank(a, "btp", 8)
+    P = params_per_rank(a, "btp", 8)
     ends = 2 * a.vocab_size * a.dim / 8 + a.dim
     blk = (P - ends) / a.n_layers
 
@@ -232,7 +234,7 @@ def test_custom_gpu_toml_loads_and_unknown_gpu_is_refused(tmp_path):
 def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
     """The debug CoLA model on 4 ranks of a small custom GPU: the search ranks every
     layout, traces the memory of those it reaches, checks the winner by the full dry
-    run, writes it; the recipe then passes ``python -m boost_titan.dryrun``."""
+    run, writes it; the recipe then passes ``boost-titan dryrun``."""
     gpu = tmp_path / "small.toml"
     gpu.write_text(
         "name = 'small'\npeak_bf16_flops = 1e14\nhbm_bytes_per_s = 1e12\nmemory_gib = 1\n"
@@ -240,7 +242,8 @@ def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
     )
     recipe = tmp_path / "found.toml"
     proc = run_main(
-        "boost_titan.plan",
+        "boost_titan.cli.main",
+        "plan",
         "--search",
         "--model",
         "cola_llama2",
@@ -269,7 +272,8 @@ def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
     text = recipe.read_text()
     assert 'extends = "' in text and "[parallelism]" in text
     dry = run_main(
-        "boost_titan.dryrun.cli",
+        "boost_titan.cli.main",
+        "dryrun",
         "--config",
         str(recipe),
         "--ngpu",
@@ -283,11 +287,19 @@ def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
 
 def test_search_refuses_bad_input_in_one_line():
     proc = run_main(
-        "boost_titan.plan", "--search", "--flavor", "7b", "--gpus", "12", "--gpu", "h100-80"
+        "boost_titan.cli.main",
+        "plan",
+        "--search",
+        "--flavor",
+        "7b",
+        "--gpus",
+        "12",
+        "--gpu",
+        "h100-80",
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "plan --search: --gpus 12: must be >= 1 and, beyond one node, a multiple of 8"
     ]
-    proc = run_main("boost_titan.plan", "--search", "--gpu", "v100")
+    proc = run_main("boost_titan.cli.main", "plan", "--search", "--gpu", "v100")
     assert proc.returncode == 2 and "unknown GPU 'v100'" in proc.stderr

@@ -13,9 +13,9 @@ import pytest
 import torch
 from tp_sim import plan_fn, reference_model, run_parallel, small_args
 
-from boost_titan.comm_stats import CommCounter
 from boost_titan.models.flavors import flavors_for
-from boost_titan.plan import analyse, block_collectives
+from boost_titan.observability.comm_stats import CommCounter
+from boost_titan.perf.plan import analyse, block_collectives
 
 
 def _op(name: str) -> str:
@@ -80,7 +80,8 @@ def test_planner_cli_json_and_invalid_degree():
         [
             sys.executable,
             "-m",
-            "boost_titan.plan",
+            "boost_titan.cli",
+            "plan",
             "--flavor",
             "7b",
             "--tp",
@@ -118,14 +119,14 @@ def test_planner_memory_equals_bench_measurement(tmp_path):
     log = tmp_path / "bench.log"  # a file, not a pipe: nothing reads it while the planner runs
     with log.open("w") as err:
         bench = subprocess.Popen(
-            [sys.executable, "-m", "boost_titan.bench", "--tp=2", "--batch=2", "--seq=128",
+            [sys.executable, "-m", "boost_titan.cli", "bench", "--tp=2", "--batch=2", "--seq=128",
              *flags, "--variants", ",".join(plans.values()), "--reps=1", "--steps=1",
              "--warmup=0", "--comm-steps=0", "--out", str(tmp_path)],
             env=env, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
     planner = subprocess.run(
-        [sys.executable, "-m", "boost_titan.plan", "--model=cola_llama2", "--flavor=debugmodel",
-         "--tp=2", "--batch=2", "--seq=128", "--dtype=float32", "--json"],
+        [sys.executable, "-m", "boost_titan.cli", "plan", "--model=cola_llama2",
+         "--flavor=debugmodel", "--tp=2", "--batch=2", "--seq=128", "--dtype=float32", "--json"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     bench.wait(timeout=300)
@@ -166,7 +167,7 @@ def _btp_fp32_latent_per_block(N: int, r: int, c: int = 1, e: int = 4) -> int:
 
 
 def _check_breakdown(plan: str, e: dict, rep: dict) -> None:
-    """The saved bytes by block and role (boost_titan/dryrun/breakdown.py): the roles
+    """The saved bytes by block and role (boost_titan/perf/dryrun/breakdown.py): the roles
     sum to the saved total; that total is MemTracker's activations (the table's) to
     within a few bytes (MemTracker also holds a scalar it does not save: measured 4
     bytes at 3 layers); BTP's latents equal the closed form."""

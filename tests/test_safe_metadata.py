@@ -2,7 +2,7 @@
 ``.metadata`` pickles ``os.system(...)`` is refused, naming the folder and the global,
 before anything is built from it, through every way a checkpoint is loaded:
 ``--checkpoint.initial_load_path``, resuming from the dump folder, and
-``python -m boost_titan.checkpoint export``; so are a pickled (bytes) item that names
+``boost-titan checkpoint export``; so are a pickled (bytes) item that names
 such a global or stands where a tensor is expected, and a data loader state that does.
 The allowlists are complete for what we write: the checkpoint tests (test_checkpoints,
 test_composition, test_loro_ranks) pass each layout's checkpoint, its pickled items
@@ -54,7 +54,7 @@ class _Sub(OrderedDict):
 
 
 def test_refuses_globals_outside_the_allowlist_by_name(tmp_path):
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     marker = tmp_path / "marker"
     data = pickle.dumps(_RunsCommand(f"touch {marker}"))
@@ -79,7 +79,7 @@ def test_reader_is_installed_and_reads_dcp_metadata(tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     assert safe_metadata.installed()
     state = {"w": torch.randn(3, 4), "b": torch.zeros(2, dtype=torch.bfloat16), "n": {"k": 7}}
@@ -90,7 +90,7 @@ def test_reader_is_installed_and_reads_dcp_metadata(tmp_path):
     assert torch.equal(back["w"], state["w"]) and back["n"]["k"] == 7
     meta = FileSystemReader(str(tmp_path / "step-1")).read_metadata()
     assert meta.storage_meta.load_id  # torch's bookkeeping is kept
-    # without its checksum sidecar (boost_titan.integrity would refuse the changed
+    # without its checksum sidecar (boost_titan.checkpoint.integrity would refuse the changed
     # bytes before they are unpickled): what the allowlist sees is the point here
     (tmp_path / "step-1" / ".metadata.xxh3").unlink()
     with pytest.raises(safe_metadata.UntrustedCheckpointError, match="holds a list"):
@@ -144,7 +144,8 @@ def test_crafted_checkpoint_is_refused_on_every_load_path(seed_checkpoint, tmp_p
     assert not run.loss
 
     proc = run_main(
-        "boost_titan.checkpoint",
+        "boost_titan.cli.main",
+        "checkpoint",
         "export",
         "--from",
         evil,
@@ -159,7 +160,7 @@ def test_crafted_checkpoint_is_refused_on_every_load_path(seed_checkpoint, tmp_p
 
 
 def _keys(step_dir) -> list[str]:
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     data = (step_dir / ".metadata").read_bytes()
     return list(safe_metadata.loads(data, str(step_dir)).state_dict_metadata)
@@ -169,7 +170,7 @@ def _dcp_load_refused(state, step_dir) -> str:
     """dcp.load's refusal line (DCP wraps a refusal raised while it reads)."""
     import torch.distributed.checkpoint as dcp
 
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     with pytest.raises(BaseException) as info:
         dcp.load(state, checkpoint_id=str(step_dir), no_dist=True)
@@ -239,7 +240,7 @@ def test_data_loader_state_is_unpickled_with_no_global(tmp_path):
 
 def assert_safe_metadata_only(step_dir) -> None:
     """The crafted folders above pass the metadata allowlist (their items are the point)."""
-    from boost_titan import safe_metadata
+    from boost_titan.checkpoint import safe_metadata
 
     data = (step_dir / ".metadata").read_bytes()
     assert safe_metadata.loads(data, str(step_dir)) == pickle.loads(data)

@@ -1,6 +1,6 @@
 """Every pipeline schedule torchtitan 0.2.2 offers, with every feature, trains a
 low-rank model exactly as the single process does, or is refused when its config is
-parsed (``boost_titan.pipeline.check_pipeline_config``).
+parsed (``boost_titan.parallel.pipeline.check_pipeline_config``).
 
 One launch of two gloo ranks runs the whole matrix (``schedule_check.py``): CoLA and
 LaX under each schedule with grouped and ungrouped linears, latent checkpointing and

@@ -1,4 +1,5 @@
-"""The per-step profiling scalars (boost_titan.step_profile): closed forms on hand-built
+"""The per-step profiling scalars (boost_titan.observability.step_profile): closed forms
+on hand-built
 profiler events, executed FLOPs against the model's FLOP formula, and real runs against
 CommCounter's count of the same collectives (``--boost.log_comm``)."""
 
@@ -9,7 +10,7 @@ import json
 import pytest
 from helpers import run_training
 
-from boost_titan.step_profile import (
+from boost_titan.observability.profile_events import (
     BACKWARD,
     STEP,
     WINDOW,
@@ -17,9 +18,9 @@ from boost_titan.step_profile import (
     collect,
     executed_flops,
     from_kineto,
-    scalars,
     summary,
 )
+from boost_titan.observability.step_profile import scalars
 
 MIB = 2**20
 
@@ -329,12 +330,12 @@ def test_executed_flops_of_a_model_closed_form():
     import torch
     from torch.profiler import profile
 
-    from boost_titan import cpu_runtime
+    from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()
     from boost_titan.models.flavors import flavors_for
     from boost_titan.models.model import Transformer
-    from boost_titan.step_profile import from_kineto
+    from boost_titan.observability.profile_events import from_kineto
 
     for arch in ("dense", "cola"):
         args = flavors_for(arch)["debugmodel"]
@@ -423,7 +424,7 @@ def test_sampling_skips_torchtitan_profiler_steps():
     warms up or records on (step k runs at its counter k - 1) are not sampled."""
     from types import SimpleNamespace
 
-    from boost_titan.step_profile import StepProfiler
+    from boost_titan.observability.step_profile import StepProfiler
 
     titan = SimpleNamespace(
         enable_profiling=True, profile_freq=3, profiler_warmup=1, profiler_active=1

@@ -37,7 +37,7 @@ MIN_LOSS_DROP = 1.5
 QUIET = ("--validation.no-enable", "--metrics.no-enable-tensorboard")
 
 
-# what every CPU run printed before boost_titan.log_filters (issue #28), each wrong or
+# what every CPU run printed before boost_titan.observability.log_filters (issue #28), each wrong or
 # irrelevant on these paths; "Warning:" is any Python warning, " - WARNING - " any of
 # torchtitan's logger warnings
 NOISE = (
@@ -135,7 +135,7 @@ def test_default_run_is_reproducible(tp2_run, tmp_path):
 def test_tp2_run_prints_no_warning(tp2_run):
     """The default run's launch (run_train.sh, torchrun, both ranks logged): 20 steps
     with validation, profiled steps and checkpoint saves print no warning, and none of
-    the lines boost_titan.log_filters drops."""
+    the lines boost_titan.observability.log_filters drops."""
     assert "profile step 10:" in tp2_run.output  # the profiler ran (its USDT lines)
     assert_quiet(tp2_run)
 
@@ -166,7 +166,7 @@ def test_tp2_validation_logged(tp2_run):
 def test_tp2_tensorboard_scalars(tp2_run):
     files = tp2_run.tb_event_files()
     assert files, f"no TensorBoard event file under {tp2_run.dump_folder / 'tb'}"
-    # one run folder, named to the second plus a random suffix (boost_titan.metrics)
+    # one run folder, named to the second plus a random suffix (boost_titan.observability.metrics)
     (run_folder,) = {Path(f).parent.relative_to(tp2_run.dump_folder / "tb") for f in files}
     assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", str(run_folder)), run_folder
     sc = tb_scalars(tp2_run)
@@ -271,7 +271,8 @@ def test_pp2_trains(corpus_dir, tmp_path):
     losses = run.losses(1)
     assert all(math.isfinite(x) for x in losses)
     assert abs(losses[0] - math.log(8192)) < 1.0
-    # the first stage computes no loss; its rank logs the last stage's (boost_titan.metrics)
+    # the first stage computes no loss; its rank logs the last stage's
+    # (boost_titan.observability.metrics)
     assert run.loss[0] == run.loss[1]
 
 
@@ -286,11 +287,13 @@ def test_tp2_fsdp2_four_ranks_trains(corpus_dir, tmp_path):
 
 # --------------------------------------------------------------------------- bad input
 # Configuration errors fail in parse_config, before any process group exists: one fresh
-# interpreter runs boost_titan.train.main on each (importing torchtitan once, not four
+# interpreter runs boost_titan.train.trainer.main on each (importing torchtitan once, not four
 # torchrun launches). The missing corpus fails inside the Trainer: a real run_train.sh.
 _MAIN_CASES = """
 import json, sys, traceback
-import boost_titan.train as train
+from boost_titan.parallel import cpu_runtime
+cpu_runtime.activate()  # as `python -m boost_titan.train` does, before torchtitan loads
+import boost_titan.train.trainer as train
 for i, argv in enumerate(json.loads(sys.argv[1])):
     print(f"=== case {i} ===", file=sys.stderr, flush=True)
     try:
@@ -307,7 +310,7 @@ for i, argv in enumerate(json.loads(sys.argv[1])):
 
 @pytest.fixture(scope="module")
 def config_errors(corpus_dir, tmp_path_factory) -> list[str]:
-    """Output of boost_titan.train.main for each bad configuration, in order."""
+    """Output of boost_titan.train.trainer.main for each bad configuration, in order."""
     tmp = tmp_path_factory.mktemp("bad_config")
     base = str(REPO_ROOT / "train_configs" / "debug_llama2.toml")
     bogus = tmp / "bogus.toml"
@@ -379,7 +382,7 @@ def test_missing_corpus_says_how_to_build(corpus_dir, tmp_path):
     assert not run.loss
     assert "FileNotFoundError" in run.output
     assert str(missing) in run.output
-    assert "python -m boost_titan.data build" in run.output
+    assert "boost-titan data build" in run.output
 
 
 @pytest.mark.slow
@@ -406,7 +409,7 @@ def test_validation_scores_the_same_batches_every_time(corpus_dir, tmp_path):
 
 def test_run_folder_names_never_repeat():
     """Two runs started in the same second still get their own TensorBoard run."""
-    from boost_titan.metrics import run_folder_name
+    from boost_titan.observability.metrics import run_folder_name
 
     names = {run_folder_name() for _ in range(50)}
     assert len(names) == 50

@@ -1,5 +1,5 @@
 """The corpus tokenizer: byte-level BPE, BOS/EOS as ids 0/1, trained on the embedded
-corpus' train split (``build``) or on a user's files (``python -m boost_titan.data
+corpus' train split (``build``) or on a user's files (``boost-titan data
 tokenizer``), and the folder both write (what ``[model] hf_assets_path`` reads)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from boost_titan.data.sources import CorpusBuildError
+from boost_titan.data.corpus.sources import CorpusBuildError
 
 DEFAULT_VOCAB_SIZE = 8192
 MIN_VOCAB_SIZE = 512

@@ -1,7 +1,7 @@
 """Train the byte-level BPE tokenizer on a user's own files, streaming them.
 
-``python -m boost_titan.data tokenizer --from PATH --vocab-size N --out DIR`` reads the
-documents of PATH one at a time (``text_files``), feeds them to the same trainer as the
+``boost-titan data tokenizer --from PATH --vocab-size N --out DIR`` reads the
+documents of PATH one at a time (training's reader, ``local_text.read_documents``), feeds them to the same trainer as the
 embedded corpus' tokenizer (``tokenizer.train_tokenizer``: byte-level BPE, BOS/EOS ids
 0/1) and writes DIR with ``tokenizer.json`` + ``tokenizer_config.json``: the folder
 ``[model] hf_assets_path`` takes. Memory follows the number of distinct words seen, not
@@ -21,21 +21,101 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from boost_titan.data import text_files, tokenizer
-from boost_titan.data.sources import CorpusBuildError
+from boost_titan.data import local_text, tokenizer
+from boost_titan.data.corpus.sources import CorpusBuildError
 
 INFO_NAME = "boost_tokenizer.json"  # how it was trained; torchtitan ignores it
+
+SUFFIXES = tuple(local_text.FORMATS)
+
+
+@dataclass
+class ReadStats:
+    """What has been read so far: updated as documents are yielded."""
+
+    files: int = 0  # files opened
+    docs: int = 0
+    bytes: int = 0  # UTF-8 bytes of the yielded texts
+    current: str = ""
+
+
+def find_files(path: str | Path) -> list[Path]:
+    """The readable files under ``path`` (itself if a file; a folder's as training finds
+    them, :func:`local_text.visible_files`, any mix of the formats), sorted; a clear
+    error if none."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CorpusBuildError(f"--from {str(path)!r} does not exist")
+    if p.is_file():
+        if p.suffix not in SUFFIXES:
+            raise CorpusBuildError(
+                f"--from {str(path)!r} has suffix {p.suffix!r}; readable: {list(SUFFIXES)}"
+            )
+        return [p]
+    found = local_text.visible_files(p)
+    files = [f for f in found if f.suffix in SUFFIXES]
+    if not files:
+        seen = sorted({f.suffix or f.name for f in found})[:10]
+        raise CorpusBuildError(
+            f"--from {str(path)!r} holds no {'/'.join(SUFFIXES)} files (found {seen or 'nothing'})"
+        )
+    return files
+
+
+def read_file(path: Path, field: str) -> Iterator[str]:
+    """The documents of one file, lazily, by training's reader (``field`` is ignored for
+    ``.txt``)."""
+    try:
+        yield from local_text.read_documents(path, field)
+    except local_text.CorpusError as e:
+        raise CorpusBuildError(str(e)) from None
+
+
+def iter_documents(
+    files: list[Path],
+    field: str,
+    stats: ReadStats,
+    max_docs: int | None = None,
+    max_bytes: int | None = None,
+) -> Iterator[str]:
+    """The documents of ``files`` in order, counting into ``stats``.
+
+    With a budget (``max_docs`` or ``max_bytes``) the sample is spread over the files:
+    each file gives at most (budget left) / (files left), read from its start, so a
+    folder sorted by source gives every source its share; a short file leaves its unused
+    share to the files after it."""
+    budget = max_docs if max_docs is not None else max_bytes
+    for i, path in enumerate(files):
+        share = None if budget is None else (budget - _used(stats, max_docs)) / (len(files) - i)
+        if share is not None and share <= 0:
+            break
+        stats.files += 1
+        stats.current = str(path)
+        taken = 0
+        for text in read_file(path, field):
+            size = len(text.encode("utf-8"))
+            stats.docs += 1
+            stats.bytes += size
+            taken += 1 if max_docs is not None else size
+            yield text
+            if share is not None and taken >= share:
+                break
+
+
+def _used(stats: ReadStats, max_docs: int | None) -> int:
+    return stats.docs if max_docs is not None else stats.bytes
 
 
 class Progress:
     """A one-line stderr bar of files, documents and bytes read, redrawn at most every
     ``every`` seconds (a new line each time when stderr is not a terminal)."""
 
-    def __init__(self, stats: text_files.ReadStats, n_files: int, budget: str, stream: TextIO):
+    def __init__(self, stats: ReadStats, n_files: int, budget: str, stream: TextIO):
         self.stats, self.n_files, self.budget, self.stream = stats, n_files, budget, stream
         self.tty = stream.isatty()
         self.every = 0.5 if self.tty else 10.0
@@ -95,10 +175,10 @@ def train_user_tokenizer(
         raise CorpusBuildError("give --sample-docs or --sample-bytes, not both")
     out = Path(out).expanduser().absolute()
     _out_dir_ready(out, force)
-    files = text_files.find_files(source)
+    files = find_files(source)
 
-    stats = text_files.ReadStats()
-    docs = text_files.iter_documents(files, text_field, stats, sample_docs, sample_bytes)
+    stats = ReadStats()
+    docs = iter_documents(files, text_field, stats, sample_docs, sample_bytes)
     budget = (
         f" of {sample_docs:,} docs"
         if sample_docs is not None

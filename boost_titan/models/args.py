@@ -201,6 +201,6 @@ def _check_tokenizer_vocab(hf_assets_path: str, vocab_size: int) -> None:
         raise ValueError(
             f"tokenizer at {hf_assets_path} has {n} tokens but the model's vocab_size "
             f"is {vocab_size}; pick a flavor with vocab_size >= {n} or build a "
-            f"tokenizer with `python -m boost_titan.data build --vocab-size "
+            f"tokenizer with `boost-titan data build --vocab-size "
             f"{vocab_size} --out <dir>`"
         )

@@ -130,7 +130,7 @@ class LatentComm:
     Every call site sits in a :meth:`scope` named ``<plan>/layer<i>/<point>_<group>``
     (e.g. ``btp/layer3/reduce_down_qkv``), so a profiler trace names each collective by
     its block and chunk; its backward collectives inherit the name through autograd's
-    sequence numbers (``boost_titan.step_profile``).
+    sequence numbers (``boost_titan.observability.step_profile``).
     """
 
     label = ""  # "<plan>/layer<i>", set by tp_plans.apply_tp_plan

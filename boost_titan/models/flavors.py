@@ -13,7 +13,9 @@ from .args import ARCHITECTURES, LlamaArgs
 # [model] name -> architecture
 MODEL_ARCH = {"llama2": "dense", "svd_llama2": "svd", "cola_llama2": "cola", "lax_llama2": "lax"}
 
-DEBUG_VOCAB_SIZE = 8192  # = boost_titan.data.DEFAULT_VOCAB_SIZE, the embedded corpus' tokenizer
+DEBUG_VOCAB_SIZE = (
+    8192  # = boost_titan.data.tokenizer.DEFAULT_VOCAB_SIZE, the embedded corpus' tokenizer
+)
 
 #            name           layers  dim  heads kv_heads  ffn    rank  vocab
 _SHAPES = {

@@ -130,7 +130,7 @@ class LowRankBlock(nn.Module):
     """
 
     # The chunk bodies (methods) by chunk: local compute only under BTP, so latent
-    # checkpointing (boost_titan/latent_checkpoint.py) can wrap them from outside.
+    # checkpointing (boost_titan/parallel/latent_checkpoint.py) can wrap them from outside.
     CHUNK_BODIES = {"attention": ("_entry", "_attention"), "mlp": ("_ffn_entry", "_mlp")}
     ATTENTION_BODY = "_attention"  # the body holding the attention kernel
 

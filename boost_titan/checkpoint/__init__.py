@@ -1,0 +1,14 @@
+"""Model state on disk: everything that writes, checks or reads a checkpoint.
+
+    manager        torchtitan's CheckpointManager with what it leaves silent done (start here)
+    save           a save that fails on the disk ends the run in one line
+    space          bytes a checkpoint takes; whether the disk holds the ones a run keeps
+    folder         a checkpoint folder's complete steps and what each holds
+    integrity/     checksums: written by every save, verified by every load; ``verify``
+    safe_metadata  DCP's pickles read with allowlists: loading runs no code
+    data_position  the data loader's position in a step, and resuming it on another dp
+    files          files and folders that appear whole or not at all
+    export         a step's model weights to one safetensors file and back
+    hf/            Hugging Face layouts, folders, torchtitan's adapters
+
+The command line is ``boost-titan checkpoint`` (:mod:`boost_titan.cli.checkpoint`)."""

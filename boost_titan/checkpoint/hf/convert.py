@@ -1,0 +1,91 @@
+"""``boost-titan checkpoint export|import --format hf``: DCP <-> Hugging Face folder.
+
+export: the model tensors of a DCP checkpoint (any layout wrote it) -> a complete folder
+(:func:`boost_titan.checkpoint.hf.folder.write_hf_folder`) in the chosen layout, with the run's
+tokenizer (``[model] hf_assets_path``).
+
+import: a folder -> a model-only DCP checkpoint (``step-0``) that training loads with
+``--checkpoint.initial_load_path``. The folder must hold the run's model: its config.json
+(layout by ``model_type``) describes the same architecture, shapes and ranks as the
+config (else one error naming the differing fields), its tensors are exactly the model's
+(else one error naming the missing / extra / mis-shaped ones), and it carries a tokenizer
+that fits the model's vocabulary. Nothing is written on any error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from boost_titan.checkpoint.hf.folder import (
+    DEFAULT_MAX_SHARD_SIZE,
+    check_same_model,
+    default_layout,
+    format_for_config,
+    get_format,
+    read_hf_config,
+    read_hf_tensors,
+    read_tokenizer,
+    write_hf_folder,
+)
+
+
+def export_hf(
+    job_config,
+    checkpoint_dir: str,
+    out_dir: str,
+    layout: str | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> Path:
+    from boost_titan.checkpoint.export import (
+        expected_tensors,
+        model_desc,
+        model_for,
+        read_dcp_model,
+    )
+
+    args, model = model_for(job_config)
+    fmt = get_format(layout or default_layout(args.arch), args.arch)
+    if Path(out_dir).exists():  # before reading anything
+        raise FileExistsError(f"{out_dir!r} exists; export writes a new folder")
+    read_tokenizer(job_config.model.hf_assets_path, args.vocab_size)  # fails before reading
+    state = read_dcp_model(checkpoint_dir, expected_tensors(model), model_desc(job_config))
+    return write_hf_folder(
+        state,
+        args,
+        fmt,
+        job_config.model.hf_assets_path,
+        out_dir,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+    )
+
+
+def import_hf(job_config, folder: str, out_dir: str) -> Path:
+    from boost_titan.checkpoint.export import (
+        check_names_and_shapes,
+        expected_tensors,
+        model_desc,
+        model_for,
+        write_dcp_model,
+    )
+
+    out = Path(out_dir)
+    if out.exists():
+        raise FileExistsError(f"{out_dir!r} exists; import writes a new checkpoint folder")
+    where = f"folder {folder!r}"
+    config = read_hf_config(folder)
+    fmt = format_for_config(config, f"{folder}/config.json")
+    args, model = model_for(job_config)
+    check_same_model(fmt.args_from_config(config), args, where, model_desc(job_config))
+    read_tokenizer(folder, args.vocab_size)
+    state = fmt.from_hf(read_hf_tensors(folder), args)
+    check_names_and_shapes(
+        {k: v.shape for k, v in state.items()},
+        expected_tensors(model),
+        where,
+        model_desc(job_config),
+    )
+    return write_dcp_model(state, out)

@@ -1,0 +1,192 @@
+"""torchtitan's CheckpointManager, with what it leaves silent or unfinished done. Every
+checkpoint behaviour of a run is reached from this class:
+
+==========================  ==========================================  =====================
+method                      what boost_titan adds                       where the logic is
+==========================  ==========================================  =====================
+``load``                    a corrupted newest step is set aside and    ``integrity``
+                            the step before it loaded; the log says
+                            what was loaded (below)
+``dcp_load``                another data-parallel degree: refused in    ``data_resume``
+                            one line, or each rank re-positioned
+``dcp_save``,               a save failing on the disk ends the run     ``checkpoint_save``
+``_async_wait``             on one line, the partial folder removed
+``save``                    the initial_load_path record; exactly       here
+                            keep_latest_k step folders at the end
+(every DCP read / write)    checksums written and verified; .metadata   ``integrity``,
+                            unpickled with an allowlist                 ``safe_metadata``
+==========================  ==========================================  =====================
+
+In detail, here:
+
+* **the log says what was loaded**: one line on rank 0 when a run starts, ``Loaded
+  checkpoint PATH (where it came from): full (...) at step N`` or ``... model weights
+  only ...``, or ``No checkpoint loaded (why): training starts from fresh weights``;
+* **initial_load_path is honoured** when the checkpoint folder exists but holds no
+  complete step (torchtitan reads initial_load_path only when the folder does not
+  exist, and otherwise starts from fresh weights: a first save cut off and set aside,
+  or an empty folder, made a fine-tuning run silently train from scratch);
+* **the initial_load_path a run started from is recorded** beside its step folders
+  (``boost_titan.checkpoint.folder.RECORD``, at its first save), so the same command
+  run again (a requeued or restarted job) resumes its newest step, while another
+  initial_load_path over those checkpoints is refused at parse time
+  (``boost_titan.train.config_check.checkpoint``);
+* **a run ends with exactly keep_latest_k step folders**: torchtitan purges stale
+  folders after each interval save, but its final save (``save(last_step=True)``)
+  returns before purging, so 8 steps at interval 2 with keep_latest_k 2 ended with
+  step-4, step-6 and step-8; here the final save purges and waits until the purge
+  thread has deleted every stale folder, before the process group ends.
+
+:func:`install` makes ``torchtitan.train.Trainer`` build this class.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch.distributed as dist
+import torchtitan.train
+from torchtitan.components.checkpoint import CheckpointManager, Terminate, purge_thread
+from torchtitan.tools.logging import logger
+
+from boost_titan.checkpoint import folder as cf
+from boost_titan.checkpoint import integrity
+from boost_titan.checkpoint import save as checkpoint_save
+from boost_titan.checkpoint.data_position import DataPosition
+from boost_titan.checkpoint.hf.adapters import finish_hf_save
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+class BoostCheckpointManager(CheckpointManager):
+    _loaded: tuple[str, list[str], bool] | None = None  # (path, training states, from HF)
+    _started_from: str | None = None  # the initial_load_path this process loaded
+    _recorded = False
+    save_guard: checkpoint_save.SaveGuard | None = None  # None: saves unguarded
+    data_position: DataPosition | None = None  # None: no per-rank data position
+
+    def attach(self, trainer, injector) -> None:
+        """The run's checkpoint policies, once the trainer is built (collective: every
+        rank; the start-time disk-space check happens here)."""
+        self.save_guard = checkpoint_save.guard(trainer, injector)
+        self.data_position = DataPosition.for_run(
+            trainer.dataloader, trainer.parallel_dims, trainer.job_config.boost.data_resume
+        )
+
+    # ------------------------------------------------------------------ load
+    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
+        if self.data_position is not None:
+            state_dict = self.data_position.adapt(state_dict, checkpoint_id, from_hf)
+        states = [s for s in cf.TRAINING_STATES if s in state_dict]
+        super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        self._loaded = (checkpoint_id, states, from_hf)
+
+    def load(self, step: int = -1) -> bool:
+        return integrity.load_past_corruption(self, self._load_and_report, step)
+
+    def _load_and_report(self, step: int = -1) -> bool:
+        if not self.enable:
+            if _rank0():
+                logger.info(
+                    "No checkpoint loaded ([checkpoint] enable = false): training starts "
+                    "from fresh weights"
+                )
+            return super().load(step)
+        # torchtitan reads initial_load_path only when the folder does not exist
+        redirect = (
+            bool(self.initial_load_path)
+            and step == -1
+            and os.path.isdir(self.folder)
+            and not cf.complete_steps(self.folder)
+        )
+        folder = self.folder
+        if redirect:
+            self.folder = ""  # os.path.exists("") is False: torchtitan's branch for it
+        try:
+            loaded = super().load(step)
+        finally:
+            self.folder = folder
+        if loaded and self._loaded and self._loaded[0] == self.initial_load_path:
+            self._started_from = self.initial_load_path
+        if _rank0():
+            logger.info(self._load_line(loaded, step))
+        return loaded
+
+    def _load_line(self, loaded: bool, step: int) -> str:
+        if not loaded or self._loaded is None:
+            return (
+                f"No checkpoint loaded (checkpoint folder {self.folder} holds no complete "
+                "step-N folder and [checkpoint] initial_load_path is not set): training starts "
+                "from fresh weights"
+            )
+        path, states, from_hf = self._loaded
+        if path == self.initial_load_path:
+            source = "[checkpoint] initial_load_path"
+        elif from_hf:
+            source = "[model] hf_assets_path"
+        elif step != -1:
+            source = "[checkpoint] load_step"
+        else:
+            source = "the newest step of the dump folder"
+        fmt = ", Hugging Face safetensors" if from_hf else ""
+        if states:
+            at = self.states["train_state"].step if "train_state" in states else 0
+            kind = "full" if len(states) == len(cf.TRAINING_STATES) else "partial"
+            what = f"{kind} ({', '.join(['model', *states])}) at step {at}"
+        else:
+            what = "model weights only (optimizer, LR schedule, data position and step start fresh)"
+        line = f"Loaded checkpoint {path} ({source}{fmt}): {what}"
+        if self.initial_load_path and source != "[checkpoint] initial_load_path":
+            why = (
+                "this run started from it"
+                if cf.started_from(self.folder, self.initial_load_path)
+                else "the dump folder's checkpoints come first"
+            )
+            line += f"; [checkpoint] initial_load_path {self.initial_load_path} not loaded: {why}"
+        return line
+
+    # ------------------------------------------------------------------ save
+    def dcp_save(self, *args, **kwargs):
+        if self.save_guard is None:
+            out = super().dcp_save(*args, **kwargs)
+        else:
+            out = self.save_guard.dcp_save(super().dcp_save, *args, **kwargs)
+        if kwargs.get("to_hf"):  # torchtitan's only HF save (_save_last_step) passes keywords
+            finish_hf_save(kwargs["checkpoint_id"], self.sd_adapter, self.export_dtype)
+        return out
+
+    def _async_wait(self) -> None:
+        if self.save_guard is None:
+            return super()._async_wait()
+        return self.save_guard.async_wait(super()._async_wait)
+
+    def save(self, curr_step: int, last_step: bool = False) -> None:
+        saves = self._should_save(curr_step, last_step)
+        if saves and self._started_from and not self._recorded:
+            if _rank0():
+                cf.write_record(self.folder, self._started_from)
+            self._recorded = True
+        super().save(curr_step, last_step)
+        if saves and last_step:
+            self._purge_now()
+
+    def _purge_now(self) -> None:
+        """Delete every step folder beyond keep_latest_k now (rank 0) and wait for it."""
+        if self.purge_thread is None:  # keep_latest_k = 0: every checkpoint is kept
+            return
+        self._purge_stale_checkpoints()  # rank 0 queues the stale folders
+        self.purge_queue.put(Terminate())
+        self.purge_thread.join()  # the queue is FIFO: every queued folder is deleted
+        # a fresh thread, should anything save after this
+        self.purge_thread = threading.Thread(
+            target=purge_thread, args=(self.purge_queue,), daemon=True
+        )
+        self.purge_thread.start()
+
+
+def install() -> None:
+    """Trainers built after this use :class:`BoostCheckpointManager`."""
+    torchtitan.train.CheckpointManager = BoostCheckpointManager

@@ -1,0 +1,302 @@
+"""Loading a DCP checkpoint runs no code from it: every pickle in it is read restricted.
+
+A DCP step folder holds three kinds of pickle, and torch / torchtitan read two of them
+with plain pickle, so a crafted folder (a colleague's run, a shared or downloaded
+checkpoint) would run any code it likes the moment it is loaded. :func:`install`
+routes each through a restricted reader; each refusal is one line naming the step
+folder, the item and the refused global, raised before anything is built from it:
+
+- ``.metadata`` (torch's ``FileSystemReader.read_metadata``: plain ``pickle.load``):
+  :func:`read_metadata`, whose unpickler resolves only the globals DCP metadata is
+  made of (:data:`ALLOWED`).
+- non-tensor items (train state, LR schedulers, optimizer settings, the data loader's
+  state; torch's ``DefaultLoadPlanner.load_bytes``: ``torch.load(weights_only=False)``):
+  :func:`load_bytes`, the same with ``weights_only=True``. torch's weights-only
+  defaults cover every item boost_titan and torchtitan save (checked on real
+  checkpoints: one process and every parallel layout, with AdamW and LORO state, the
+  boost_corpus and local_text data loaders), so no global is added to them.
+  :func:`create_local_plan` first refuses a key the load asks for as a tensor that the
+  metadata declares a bytes item (a pickle in place of, say, a model weight).
+- the data loader's own state, a pickle inside its bytes item (torchtitan's
+  ``ParallelAwareDataloader.load_state_dict``: ``pickle.loads``):
+  :func:`load_dataloader_state` unpickles it first with no global allowed at all (the
+  state of torchtitan's text datasets and torchdata's loader, with or without workers,
+  is made of dicts, lists, ints and None), then hands it to torchtitan's method.
+
+Tensor items were already safe (torch reads each with ``weights_only=True``). Still
+trusted: torch's own weights-only allowlist (and anything this process adds to it with
+``torch.serialization.add_safe_globals``), and any loader outside DCP (see docs/checkpoints.md,
+"Loading checkpoints you did not write"). When a newer torch or torchtitan saves a
+global outside these lists, the refusal names it: extend a list on purpose, never
+bypass the check.
+
+Why patches of methods and not readers or planners of our own: torchtitan's
+CheckpointManager calls ``dcp.load(state, checkpoint_id=...)`` and DCP builds its
+``FileSystemReader`` and ``DefaultLoadPlanner`` itself; replacing the methods covers
+that, ``boost_titan.cli.checkpoint`` and every other ``dcp.load`` /
+``_load_state_dict_from_keys`` of the process (subclasses such as fsspec's reader and
+``_EmptyStateDictLoadPlanner`` inherit them) without copying torchtitan's loading code.
+They are applied by the entry points that load checkpoints (``boost_titan.train``, which
+the fork server preloads, and ``boost_titan.cli.checkpoint``), not on ``import
+boost_titan``, which must stay light."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import filesystem
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+# (module, name) of every global a DCP .metadata pickle refers to (torch 2.13, every
+# layout boost_titan saves: tests/test_safe_metadata.py and the checkpoint tests check
+# real checkpoints against this). Each one only builds inert data when called.
+ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    [
+        *(
+            (_DCP_METADATA, n)
+            for n in (
+                "Metadata",
+                "StorageMeta",
+                "MetadataIndex",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+                "TensorProperties",
+                "_MEM_FORMAT_ENCODING",  # an Enum: TensorProperties' memory format
+            )
+        ),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),  # file, offset, length
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),  # a dict lookup: "torch.strided" -> layout
+        # StorageMeta.checkpoint_id: the writer's folder, a Path (a POSIX one here)
+        ("pathlib", "PosixPath"),
+        # dtypes pickle as a global of the torch module (torch.float32, ...)
+        *(("torch", n) for n, v in vars(torch).items() if isinstance(v, torch.dtype)),
+    ]
+)
+
+
+class UntrustedCheckpointError(BaseException):
+    """A checkpoint refused: a pickle in it refers to a global outside its allowlist,
+    or its metadata declares a pickle where a tensor is expected.
+
+    A BaseException, like DCP's own CheckpointException: DCP's loader catches any
+    ``Exception`` from ``read_metadata`` and falls back to rank-local ``__N.metadata``
+    files; a refusal must end the load, not be logged and worked around."""
+
+
+def _refusal(
+    where: str, what: str, allowed: str | None = "boost_titan.checkpoint.safe_metadata.ALLOWED"
+) -> UntrustedCheckpointError:
+    return UntrustedCheckpointError(
+        f"checkpoint {where} was not loaded: {what}; it is not a DCP checkpoint "
+        "boost_titan wrote or trusts" + (f" (allowed: {allowed})" if allowed else "")
+    )
+
+
+def refusal_in(exc: BaseException) -> UntrustedCheckpointError | None:
+    """The refusal inside DCP's CheckpointException (it wraps each rank's failure),
+    so that a run ends on the refusal's line rather than on DCP's per-rank report;
+    or ``exc`` itself (the data loader's refusal comes after DCP's read, unwrapped)."""
+    if isinstance(exc, UntrustedCheckpointError):
+        return exc
+    failures = getattr(exc, "failures", None) or {}
+    for failure, _trace in failures.values():
+        if isinstance(failure, UntrustedCheckpointError):
+            return failure
+    return None
+
+
+class _Unpickler(pickle.Unpickler):
+    """The C unpickler (as fast as ``pickle.load``) with globals restricted to
+    ``allowed``; ``refuse(global)`` makes the error for any other.
+
+    ``find_class`` runs when the pickle names a global, before anything can call it;
+    without a ``persistent_load`` any persistent id is refused by pickle itself."""
+
+    def __init__(self, file, allowed: frozenset[tuple[str, str]], refuse):
+        super().__init__(file)
+        self.allowed = allowed
+        self.refuse = refuse
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.allowed:
+            raise self.refuse(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+def load(file, where: str) -> Any:
+    """Unpickle DCP metadata from a binary file object. ``where`` (the step folder)
+    starts the error message."""
+
+    def refuse(name: str) -> UntrustedCheckpointError:
+        return _refusal(where, f"its .metadata refers to {name}, which DCP metadata is not made of")
+
+    return _Unpickler(file, ALLOWED, refuse).load()
+
+
+def loads(data: bytes, where: str) -> Any:
+    return load(io.BytesIO(data), where)
+
+
+# The step folder whose .metadata this process read last, for the errors below: DCP
+# reads a step's metadata at the start of each load (on every rank), then its items,
+# then hands Stateful objects such as the data loader their state. Loads of one
+# process do not overlap (DCP has no asynchronous load).
+_loading = ""
+
+
+def _where() -> str:
+    return _loading or "(a folder not read through boost_titan.checkpoint.safe_metadata)"
+
+
+# Set by boost_titan.checkpoint.integrity.install(): ``metadata_check(reader, path, data, parse)``
+# gets the bytes of each .metadata before they are unpickled (it verifies their
+# checksum) and returns ``parse()``, the Metadata unpickled from them by :func:`loads`.
+metadata_check: Callable[..., Metadata] | None = None
+
+
+def read_metadata(self: filesystem.FileSystemReader, *args: Any, **kwargs: Any) -> Metadata:
+    """``FileSystemReader.read_metadata`` of torch 2.13 with :func:`loads` (after
+    :data:`metadata_check`) in place of ``pickle.load``; the rest is torch's, line for
+    line."""
+    global _loading
+    path = self._get_metadata_path(kwargs.get("rank"))
+    _loading = folder = os.fspath(Path(os.fspath(path)).parent)
+    with self.fs.create_stream(path, "rb") as metadata_file:
+        data = metadata_file.read()
+
+    def parse() -> Metadata:
+        metadata = loads(data, folder)
+        if not isinstance(metadata, Metadata):
+            raise _refusal(
+                folder,
+                f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata",
+            )
+        return metadata
+
+    metadata = parse() if metadata_check is None else metadata_check(self, path, data, parse)
+    if getattr(metadata, "storage_meta", None) is None:
+        metadata.storage_meta = StorageMeta()
+    metadata.storage_meta.load_id = self.load_id
+    return metadata
+
+
+_torch_create_local_plan = DefaultLoadPlanner.create_local_plan
+
+
+def create_local_plan(self: DefaultLoadPlanner) -> LoadPlan:
+    """torch's plan, refused if it would read a pickle where this load expects a
+    tensor: the metadata decides an item's kind, so a crafted one could declare a model
+    weight a bytes item, and DCP would put whatever that pickle unpickles to (even
+    weights-only) in the weight's place."""
+    plan = _torch_create_local_plan(self)
+    for item in plan.items:
+        key = item.dest_index.fqn
+        if item.type == LoadItemType.BYTE_IO and isinstance(self.state_dict.get(key), torch.Tensor):
+            raise _refusal(
+                _where(),
+                f"its .metadata declares {key} a pickled (bytes) item, where this load "
+                "expects a tensor",
+                None,
+            )
+    return plan
+
+
+def load_bytes(self: DefaultLoadPlanner, read_item: ReadItem, value: io.BytesIO) -> None:
+    """``DefaultLoadPlanner.load_bytes`` of torch 2.13 with ``weights_only=True`` in
+    place of ``weights_only=False``; the rest is torch's, line for line."""
+    key = read_item.dest_index.fqn
+    try:
+        obj = torch.load(value, weights_only=True)
+    except pickle.UnpicklingError as e:  # torch's weights-only refusal
+        raise _refusal(
+            _where(), f"its item {key} {_refused_globals(value, e)}", _WEIGHTS_ONLY
+        ) from None
+    if self.flatten_state_dict:
+        set_element(self.original_state_dict, self.mappings[key], obj)
+    else:
+        self.state_dict[key] = obj
+
+
+_WEIGHTS_ONLY = "torch.load(weights_only=True)'s globals"
+
+
+def _refused_globals(value: io.BytesIO, e: pickle.UnpicklingError) -> str:
+    """What torch refused, in one line: the globals a static scan of the item's pickle
+    finds outside the weights-only allowlist (torch's multi-line message buries them),
+    else the first line of torch's message."""
+    value.seek(0)
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(value)
+    except ValueError:  # not a torch.save archive
+        names = []
+    if names:
+        return f"refers to {', '.join(sorted(names))}, which no item boost_titan saves is made of"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"is refused by torch's weights-only loader: {first}"
+
+
+def dataloader_state(blob: bytes, key: str) -> Any:
+    """A data loader's pickled state unpickled with no global allowed: torchtitan's
+    text datasets (boost_corpus, local_text, ...) and torchdata's StatefulDataLoader
+    save dicts, lists, ints, bools and None only (checked on real checkpoints)."""
+
+    def refuse(name: str) -> UntrustedCheckpointError:
+        return _refusal(
+            _where(),
+            f"its data loader state {key} refers to {name}, which data loader state is not made of",
+            "no global: plain data",
+        )
+
+    return _Unpickler(io.BytesIO(blob), frozenset(), refuse).load()
+
+
+_torchtitan_load_dataloader_state = None
+
+
+def load_dataloader_state(self, state_dict: dict[str, Any]) -> None:
+    """torchtitan's ``ParallelAwareDataloader.load_state_dict``, which ``pickle.loads``
+    this rank's state, after :func:`dataloader_state` has read that pickle. A pickle
+    that names no global cannot call anything, so torchtitan's own ``pickle.loads`` of
+    the same bytes then builds the same plain data; its method (checks, warning) is
+    kept as it is."""
+    blob = state_dict.get(self._rank_id) if state_dict else None
+    if isinstance(blob, (bytes, bytearray)):
+        dataloader_state(blob, self._rank_id)
+    _torchtitan_load_dataloader_state(self, state_dict)
+
+
+def install() -> None:
+    """Route every DCP load of this process through the readers above (idempotent).
+    Imports torchtitan: call it after ``cpu_runtime.activate()``."""
+    global _torchtitan_load_dataloader_state
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+
+    filesystem.FileSystemReader.read_metadata = read_metadata  # type: ignore[method-assign]
+    DefaultLoadPlanner.create_local_plan = create_local_plan  # type: ignore[method-assign]
+    DefaultLoadPlanner.load_bytes = load_bytes  # type: ignore[method-assign]
+    if ParallelAwareDataloader.load_state_dict is not load_dataloader_state:
+        _torchtitan_load_dataloader_state = ParallelAwareDataloader.load_state_dict
+        ParallelAwareDataloader.load_state_dict = load_dataloader_state  # type: ignore[method-assign]
+
+
+def installed() -> bool:
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+
+    return (
+        filesystem.FileSystemReader.read_metadata is read_metadata
+        and DefaultLoadPlanner.create_local_plan is create_local_plan
+        and DefaultLoadPlanner.load_bytes is load_bytes
+        and ParallelAwareDataloader.load_state_dict is load_dataloader_state
+    )

@@ -1,0 +1,125 @@
+"""``boost-titan``: one command for every tool besides training (which ``run_train.sh``
+launches). Each subcommand is the ``main(argv)`` of the module that owns the tool; this
+table is the only place that names them::
+
+    boost-titan --help
+    boost-titan <command> --help
+
+Nothing is imported until a command runs (``--help`` stays instant); before the
+command's module is imported, the CPU runtime is activated (a no-op with a GPU), since
+torchtitan fixes its device type when first imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    module: str  # whose main(argv) runs
+    summary: str
+    prefix: tuple[str, ...] = ()  # arguments put before the user's
+
+
+# name -> what runs, grouped as --help lists them
+COMMANDS: dict[str, Command] = {
+    # models on disk
+    "checkpoint": Command(
+        "boost_titan.cli.checkpoint",
+        "export / import a checkpoint's weights (safetensors or a Hugging Face folder), "
+        "verify a checkpoint's checksums",
+    ),
+    "eval": Command(
+        "boost_titan.cli.eval",
+        "lm-eval perplexity of an exported Hugging Face folder, offline",
+    ),
+    # data
+    "data": Command(
+        "boost_titan.data.cli",
+        "build the embedded corpus (build, info) or train a tokenizer on your files (tokenizer)",
+    ),
+    # before a run
+    "check-config": Command(
+        "boost_titan.train.launch_check",
+        "check a training config for a world size, as run_train.sh does before torchrun",
+    ),
+    "plan": Command(
+        "boost_titan.perf.plan_cli",
+        "every TP plan of a model: collectives, GEMM shapes, traced memory per rank",
+    ),
+    "search": Command(
+        "boost_titan.perf.plan_cli",
+        "the fastest layout that fits N GPUs (= plan --search); --write writes the recipe",
+        ("--search",),
+    ),
+    "step-time": Command(
+        "boost_titan.perf.step_time_cli",
+        "a layout's predicted step time, term by term; --paper: the calibration table",
+    ),
+    "dryrun": Command(
+        "boost_titan.perf.dryrun.cli",
+        "a config at its real world size on CPU: memory per rank, TP traffic, fits or not",
+    ),
+    "recipes": Command(
+        "boost_titan.perf.recipes", "write recipes/ and its table (docs/recipes.md)"
+    ),
+    # measuring
+    "bench": Command(
+        "boost_titan.perf.bench.cli",
+        "side-by-side benchmark of TP plans: step time, memory, communication",
+    ),
+    "bench-loro": Command(
+        "boost_titan.perf.bench.loro", "the LORO optimizer step's cost on TP ranks"
+    ),
+    "gpu-check": Command(
+        "boost_titan.perf.gpu_check.cli",
+        "one-command check of a GPU machine: numerics, BTP, kernels, throughput",
+    ),
+    "peak-flops": Command(
+        "boost_titan.perf.bench.peak_flops", "this machine's measured matmul peak (MFU's base)"
+    ),
+    "screenshot": Command(
+        "boost_titan.observability.screenshot",
+        "a run's TensorBoard dashboard as a PNG (headless Chromium)",
+    ),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [
+        "usage: boost-titan <command> [options]   (boost-titan <command> --help)",
+        "",
+        "Tools of boost_titan; training itself: ./run_train.sh (torchrun -m boost_titan.train).",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(
+            f"boost-titan: unknown command {name!r}; valid: {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    from boost_titan.parallel import cpu_runtime
+
+    cpu_runtime.activate()  # before any command's module imports torchtitan
+    cmd = COMMANDS[name]
+    code = importlib.import_module(cmd.module).main([*cmd.prefix, *rest])
+    return code or 0
+
+
+def console_script() -> None:
+    """``[project.scripts] boost-titan``."""
+    raise SystemExit(main())

@@ -1,0 +1,13 @@
+"""A training job: what it is made of and how it runs.
+
+    trainer       torchtitan's Trainer with boost_titan's run behaviour; main() and
+                  install() (the one place a training process patches torchtitan/DCP)
+    specs         the train specs (models, loaders, optimizers, adapters) registered
+                  with torchtitan by name
+    config_check/ every config value checked before anything runs, one line each
+    config_file   TOML files with ``extends``
+    launch_check  the config checked once before torchrun (run_train.sh; ``boost-titan
+                  check-config``)
+    fault         preemption, non-finite steps, cut-off checkpoints, fault injection
+
+``torchrun -m boost_titan.train`` runs ``__main__`` (what ``run_train.sh`` launches)."""

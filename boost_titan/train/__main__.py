@@ -1,0 +1,12 @@
+"""``torchrun ... -m boost_titan.train --job.config_file X.toml``: the training entry
+(:func:`boost_titan.train.trainer.main`; ``run_train.sh`` launches it)."""
+
+from boost_titan.parallel import cpu_runtime
+
+cpu_runtime.activate()  # before torchtitan is imported: it fixes device_type at import
+
+from boost_titan.train import trainer  # noqa: E402
+
+trainer.main()
+if cpu_runtime.is_active():  # gloo's threads must not meet interpreter shutdown
+    cpu_runtime.exit_after_clean_shutdown()

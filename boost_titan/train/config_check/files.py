@@ -1,0 +1,186 @@
+"""Launch checks on disk: the tokenizer folder (tokenizer.json, its vocabulary against
+the flavor's) and the datasets a run reads (local paths exist; remote ones are
+reachable unless Hugging Face is offline)."""
+
+from __future__ import annotations
+
+import os
+
+from boost_titan.data.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, CorpusError
+from boost_titan.train.config_check.common import ConfigError, ConfigPathError, _ours, bad
+from boost_titan.train.config_check.model import config_args
+
+
+def _check_files(config, dp_degree: int = 1) -> None:
+    """What a launch reads from disk: tokenizer, datasets (``dp_degree``: the
+    data-parallel degree the files are shared over)."""
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    from boost_titan.data.datasets import _BUILD_HINT
+    from boost_titan.models.args import _check_tokenizer_vocab
+
+    m = config.model
+    if not os.path.isdir(m.hf_assets_path):
+        why = "is a file, not a folder" if os.path.exists(m.hf_assets_path) else "does not exist"
+        raise bad(
+            "model",
+            "hf_assets_path",
+            m.hf_assets_path,
+            f"{why} (cwd {os.getcwd()!r}); it must be the tokenizer folder holding "
+            f"tokenizer.json (the embedded corpus': ./data/boost_corpus/tokenizer, {_BUILD_HINT})",
+            ConfigPathError,
+        )
+    if not os.path.isfile(os.path.join(m.hf_assets_path, "tokenizer.json")):
+        raise bad(
+            "model",
+            "hf_assets_path",
+            m.hf_assets_path,
+            f"holds no tokenizer.json (found {sorted(os.listdir(m.hf_assets_path))[:10]}); "
+            f"point it at a Hugging Face tokenizer folder ({_BUILD_HINT})",
+            ConfigPathError,
+        )
+    if _ours(config):
+        args = config_args(config)
+        try:
+            _check_tokenizer_vocab(m.hf_assets_path, args.vocab_size)
+        except ValueError as e:
+            raise ConfigError(
+                f"[model] hf_assets_path = {m.hf_assets_path!r} with flavor {m.flavor!r}: {e}"
+            ) from None
+    sections = [("training", config.training)] + (
+        [("validation", config.validation)] if config.validation.enable else []
+    )
+    _check_local_corpora(config, sections, dp_degree)
+    for section, s in sections:
+        if s.dataset in LOCAL_DATASETS:
+            continue  # checked above
+        entry = DATASETS[s.dataset]
+        path = s.dataset_path or entry.path
+        key = "dataset_path" if s.dataset_path else "dataset"
+        value = s.dataset_path or s.dataset
+        local = (
+            s.dataset in ("boost_corpus", "boost_corpus_val")
+            or os.path.isabs(path)
+            or path.startswith(".")
+        )
+        if local and not os.path.exists(path):
+            raise bad(
+                section,
+                key,
+                value,
+                f"reads {path!r}, which does not exist"
+                + (f"; {_BUILD_HINT}" if s.dataset.startswith("boost_corpus") else ""),
+                ConfigPathError,
+            )
+        offline = [
+            v
+            for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+            if os.environ.get(v, "0") not in ("", "0")
+        ]
+        if not os.path.exists(path) and offline:
+            raise bad(
+                section,
+                key,
+                value,
+                f"reads {path!r}, neither a local path nor reachable: "
+                f"{offline[0]}=1 (run_train.sh's default) forbids downloading it; use "
+                f"'boost_corpus' or 'local_text' with dataset_path",
+                ConfigPathError,
+            )
+
+
+def _check_local_corpora(config, sections, dp_degree: int = 1) -> None:
+    """``local_text`` / ``local_text_holdout``: the holdout settings, then the files each
+    loader will read (``boost_titan.data.loader.corpus_for``, the loaders' own rule):
+    readable, one format, no file without documents, the text field in each file's
+    first document, and no file read by both training and validation."""
+    from boost_titan.data.loader import check_stream_workers, corpus_for
+    from boost_titan.data.local_text import check_corpus
+
+    t = config.training
+    for key in ("dataset_holdout_files", "dataset_holdout_every"):
+        value = getattr(t, key)
+        if value < 0:
+            raise bad("training", key, value, "must be >= 0 (0: no holdout)")
+        if value and t.dataset != "local_text":
+            raise bad(
+                "training",
+                key,
+                value,
+                f"holds part of a local_text corpus out; [training] dataset is {t.dataset!r}",
+            )
+    holdout = t.dataset_holdout_files or t.dataset_holdout_every
+    if not t.dataset_text_field:
+        raise bad("training", "dataset_text_field", "", "must name the field holding the text")
+    if t.dataset == HOLDOUT_DATASET:
+        raise bad(
+            "training",
+            "dataset",
+            HOLDOUT_DATASET,
+            "is for [validation] only (what [training] dataset_holdout_files / "
+            "dataset_holdout_every hold out of dataset = 'local_text')",
+        )
+    files = {}
+    for section, s in sections:
+        if s.dataset not in LOCAL_DATASETS:
+            continue
+        if s.dataset == HOLDOUT_DATASET:
+            if t.dataset != "local_text" or not holdout:
+                raise bad(
+                    section,
+                    "dataset",
+                    HOLDOUT_DATASET,
+                    "reads what [training] dataset_holdout_files or dataset_holdout_every "
+                    f"holds out of dataset = 'local_text' (dataset {t.dataset!r}, neither "
+                    "set); set dataset_holdout_files = N (the last N files) or "
+                    "dataset_holdout_every = N (every N-th document of each file)",
+                )
+            if s.dataset_path:
+                raise bad(
+                    section,
+                    "dataset_path",
+                    s.dataset_path,
+                    f"must be unset with dataset = {HOLDOUT_DATASET!r}, which reads "
+                    "[training] dataset_path's held-out files",
+                )
+        elif not s.dataset_path:
+            raise bad(
+                section,
+                "dataset_path",
+                None,
+                "must be set for dataset 'local_text' (a file or folder of "
+                ".jsonl/.json/.txt/.parquet, or a saved dataset folder)",
+            )
+        path = t.dataset_path if s.dataset == HOLDOUT_DATASET else s.dataset_path
+        try:
+            corpus = corpus_for(config, section)
+            # every rank lists the files (its loader will); only the first reads one
+            # document of each (thousands of files x hundreds of ranks on a shared
+            # filesystem): its error ends the launch
+            if os.environ.get("RANK", "0") == "0":
+                check_corpus(corpus)
+        except CorpusError as e:
+            why = str(e).removeprefix("local_text: ")
+            cls = ConfigPathError if "does not exist" in why else ConfigError
+            raise bad(section, "dataset_path", path, f"({s.dataset}): {why}", cls) from None
+        if section == "training":  # (validation's stream ends: a worker may idle)
+            try:
+                check_stream_workers(corpus, dp_degree, s.dataloader.num_workers, section)
+            except CorpusError as e:
+                raise ConfigError(str(e)) from None
+        files[section] = corpus
+    if len(files) == 2 and config.validation.dataset != HOLDOUT_DATASET:  # (disjoint)
+        train, val = files["training"], files["validation"]
+        shared = sorted(set(train.files) & set(val.files)) or (
+            [train.path] if not train.streamed and train.path == val.path else []
+        )
+        if shared:
+            raise bad(
+                "validation",
+                "dataset_path",
+                config.validation.dataset_path,
+                f"reads {len(shared)} file(s) training reads too ({shared[0]}"
+                f"{', ...' if len(shared) > 1 else ''}): validation would score documents "
+                "trained on; hold files out with [training] dataset_holdout_files = N and "
+                f"[validation] dataset = {HOLDOUT_DATASET!r}, or point it at other files",
+            )

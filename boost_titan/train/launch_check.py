@@ -1,0 +1,79 @@
+"""A launch's config, checked once, in one process, before ``torchrun`` starts.
+
+    boost-titan check-config WORLD_SIZE --job.config_file X.toml [overrides...]
+
+``run_train.sh`` runs it with WORLD_SIZE = NGPU x NNODES and ``recipes/slurm_train.sh``
+with GPUS_PER_NODE x SLURM_NNODES, with the arguments the ranks will get. It runs the
+checks every rank runs before it builds anything (:func:`parse_launch_config`: the
+config file, the flags, ``boost_titan.train.config_check`` with the world size, what this
+machine cannot run, ``BOOST_TITAN_INJECT``). A config error is one line on stderr
+(``ValueError: [section] key = value ...``: the key, the value, what is valid) and exit
+status 2 (:data:`CONFIG_ERROR_EXIT`); a good config prints nothing and exits 0.
+
+Without it a bad value is found by every rank at once: a traceback per rank and
+torchrun's ChildFailedError report (56 lines for a TP degree of 3 on 2 processes), and
+on a cluster only after the job got its nodes and every node's ranks imported torch.
+
+Inside a rank (``boost_titan.train.trainer.main``) the same checks end the same way,
+:func:`parse_or_exit`: one line, no traceback, exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+CONFIG_ERROR_EXIT = 2  # as tyro's usage errors (an unknown flag) and run_train.sh's own
+# what a config check raises (boost_titan.train.config_check.common: ConfigError, ConfigPathError)
+CONFIG_ERRORS = (ValueError, FileNotFoundError)
+
+
+def parse_launch_config(argv: list[str]):
+    """CLI + TOML -> the checked JobConfig, with every check a rank makes before it
+    builds anything (``WORLD_SIZE`` from the environment: the launch checks)."""
+    from boost_titan.parallel.pipeline import check_schedule_runs_here
+    from boost_titan.train import fault
+    from boost_titan.train.config_check import parse_config
+
+    config = parse_config(argv)
+    check_schedule_runs_here(config)
+    fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here
+    return config
+
+
+def error_line(e: BaseException) -> str:
+    """The last line Python's traceback would print: the exception type (ValueError for
+    a bad value, FileNotFoundError for a missing file) and its message."""
+    return f"{type(e).__name__}: {e}"
+
+
+def parse_or_exit(argv: list[str]):
+    """:func:`parse_launch_config`; a config error prints :func:`error_line` on stderr
+    and exits with :data:`CONFIG_ERROR_EXIT` (a SystemExit: no traceback, and
+    torchelastic's error file gets none to print once per rank)."""
+    try:
+        return parse_launch_config(argv)
+    except CONFIG_ERRORS as e:
+        print(error_line(e), file=sys.stderr, flush=True)
+        raise SystemExit(CONFIG_ERROR_EXIT) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or not argv[0].isdigit() or int(argv[0]) < 1:
+        print(
+            "usage: boost-titan check-config WORLD_SIZE --job.config_file X.toml "
+            f"[overrides...] (WORLD_SIZE: a positive process count, got {argv[:1]})",
+            file=sys.stderr,
+        )
+        raise SystemExit(CONFIG_ERROR_EXIT)
+    os.environ["WORLD_SIZE"] = argv[0]  # the launch checks: degrees against it, files
+
+    from boost_titan.parallel import cpu_runtime
+
+    cpu_runtime.activate()  # before torchtitan is imported, as in boost_titan.train
+    parse_or_exit(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

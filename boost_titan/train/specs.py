@@ -1,0 +1,89 @@
+"""Register boost_titan's train specs (and datasets) with torchtitan.
+
+llama2       dense LLaMA-2 baseline (full-rank TP)
+svd_llama2   B (A x)
+cola_llama2  B silu(A x)
+lax_llama2   CoLA with latent crossing between blocks
+"""
+
+from __future__ import annotations
+
+from torchtitan.components.lr_scheduler import build_lr_schedulers
+from torchtitan.components.tokenizer import build_hf_tokenizer
+from torchtitan.components.validate import Validator
+from torchtitan.distributed.pipeline_parallel import pipeline_llm
+from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
+
+from boost_titan.checkpoint.hf.adapters import adapter_for
+from boost_titan.data import datasets
+from boost_titan.data.loader import build_dataloader
+from boost_titan.data.workers import check_workers
+from boost_titan.models.flavors import MODEL_ARCH, flavors_for
+from boost_titan.models.model import Transformer
+from boost_titan.optim import build_optimizers
+from boost_titan.parallel import cpu_runtime
+from boost_titan.parallel.parallelize import parallelize_boost
+from boost_titan.parallel.pipeline import build_loss_fn
+
+
+class FlavorTable(dict):
+    """Flavor lookup whose KeyError lists the valid flavors."""
+
+    def __init__(self, model_name: str, table):
+        super().__init__(table)
+        self.model_name = model_name
+
+    def __missing__(self, key):
+        raise KeyError(
+            f"unknown flavor {key!r} for model {self.model_name!r}; valid flavors: {sorted(self)}"
+        )
+
+
+class RepeatableValidator(Validator):
+    """torchtitan's Validator, scoring the same held-out batches at every validation.
+
+    With ``validation.steps`` set, torchtitan keeps one endless validation stream that
+    moves on between passes (and is not checkpointed), so successive validation losses
+    come from different batches and a resumed run scores yet others. Rewinding the
+    stream to its start before each pass makes validation losses comparable."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        check_workers(self.validation_dataloader, "validation", self.job_config.validation.dataset)
+        self._start_state = self.validation_dataloader.state_dict()
+
+    def validate(self, model_parts, step):
+        self.validation_dataloader.load_state_dict(self._start_state)
+        return super().validate(model_parts, step)
+
+
+def build_validator(**kwargs) -> Validator:
+    return RepeatableValidator(**kwargs)
+
+
+def build_train_spec(model_name: str) -> TrainSpec:
+    return TrainSpec(
+        model_cls=Transformer,
+        model_args=FlavorTable(model_name, flavors_for(MODEL_ARCH[model_name])),
+        parallelize_fn=parallelize_boost,
+        pipelining_fn=pipeline_llm,
+        build_optimizers_fn=build_optimizers,
+        build_lr_schedulers_fn=build_lr_schedulers,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_hf_tokenizer,
+        build_loss_fn=build_loss_fn,
+        build_validator_fn=build_validator,
+        build_metrics_processor_fn=cpu_runtime.build_metrics_processor,
+        # [checkpoint] last_save_in_hf / initial_load_in_hf: boost_titan/checkpoint/hf/adapters.py
+        state_dict_adapter=adapter_for(model_name),
+    )
+
+
+def register_all() -> None:
+    """Register every model and dataset with torchtitan (idempotent). The entry points
+    call it (the trainer's ``install``, ``parse_config``): importing this module
+    registers nothing."""
+    for name in MODEL_ARCH:
+        if name not in _extra_train_specs:
+            register_train_spec(name, build_train_spec(name))
+    datasets.register_datasets()
