@@ -7,6 +7,10 @@ checkpoint.
     boost-titan checkpoint import --job.config_file CONFIG [...] \\
         --from outputs/exported/model.safetensors --to outputs/imported/step-0
     boost-titan checkpoint verify outputs/run/checkpoint[/step-1000]
+    boost-titan checkpoint from-dense --job.config_file CONFIG --from DENSE --to OUT/step-0
+
+``from-dense`` converts a dense LLaMA (a Hugging Face folder or a ``llama2`` DCP step)
+into the config's low-rank model (:mod:`boost_titan.cli.from_dense`, docs/from-dense.md).
 
 With ``--format hf`` export writes, and import reads, a Hugging Face model folder
 instead of one safetensors file (:mod:`boost_titan.checkpoint.hf.convert`,
@@ -43,13 +47,18 @@ def main(argv: list[str] | None = None) -> None:
     integrity.install()  # checksummed saves (import), verified loads (export)
     if argv[:1] == ["verify"]:  # no config: it reads nothing but the checkpoint
         raise SystemExit(integrity.main(argv[1:]))
+    if argv[:1] == ["from-dense"]:  # a dense LLaMA -> a low-rank model (its own options)
+        from boost_titan.cli.from_dense import main as from_dense
+
+        raise SystemExit(from_dense(argv[1:]))
     from boost_titan.train.config_check import parse_config
 
     p = argparse.ArgumentParser(
         prog="boost-titan checkpoint",
         description="Export a DCP checkpoint to one safetensors file, or import one back. "
         "Other arguments (--job.config_file, --model.*, --boost.*) define the model. "
-        "`verify PATH` checks a checkpoint's checksums instead (see `verify --help`).",
+        "`verify PATH` checks a checkpoint's checksums instead (see `verify --help`); "
+        "`from-dense` converts a dense LLaMA into a low-rank model (see `from-dense --help`).",
     )
     p.add_argument("command", choices=["export", "import", "verify"])
     p.add_argument(

@@ -1,0 +1,331 @@
+"""``boost-titan checkpoint from-dense``: a dense LLaMA -> a low-rank DCP step folder.
+
+    boost-titan checkpoint from-dense --job.config_file train_configs/debug_cola.toml \\
+        --from DENSE --to outputs/cola_from_dense/step-0 [--rank R] [--kv-rank R] [--tp N] \\
+        [--fit auto|none|activations] [--calib-sequences N] [--calib-data PATH|random] \\
+        [--device cpu|cuda] [--threads N]
+
+``DENSE`` is a Hugging Face ``LlamaForCausalLM`` folder or a ``llama2`` DCP step folder
+(``boost_titan.checkpoint.from_dense.source``). The config arguments (``--job.config_file``,
+``--model.name``, ``--model.flavor``, ``--boost.*``) define the model written, as for
+``import``: ``svd_llama2``, ``cola_llama2`` or ``lax_llama2`` at the flavor's ranks, or
+``--rank`` / ``--kv-rank`` (shorthands for ``--boost.rank`` / ``--boost.kv_rank``); the
+dense model must have the flavor's shapes. Train from the result with the same config
+and ``--checkpoint.initial_load_path OUT`` (any layout).
+
+Checks come first, each failing in one line (exit 1; a bad option: exit 2) before
+anything is written: a folder that is not a dense LLaMA, a rank outside [1, min(in,
+out)], a tensor-parallel degree (``--tp``, default the config's) the plan cannot split
+the model by (``boost_titan.tp_plans.validate_tp_degree``: heads, dims and vocabulary
+under BTP, every rank as well under the vanilla plan), an existing output, ``--device
+cuda`` without CUDA. The step folder is written under a temporary name beside ``OUT``
+and renamed when complete; the per-block error report is printed and written beside it
+as ``OUT.from_dense.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from boost_titan.checkpoint.from_dense.convert import Converter, Options
+from boost_titan.checkpoint.from_dense.report import Progress, tables
+from boost_titan.checkpoint.from_dense.source import open_source
+from boost_titan.checkpoint.from_dense.stream import write_lazily
+from boost_titan.data.calibration import RANDOM, calibration_tokens
+from boost_titan.models.args import LlamaArgs
+from boost_titan.models.flavors import MODEL_ARCH, flavors_for
+
+PROG = "boost-titan checkpoint from-dense"
+LOW_RANK_MODELS = sorted(k for k, v in MODEL_ARCH.items() if v != "dense")
+_SVD_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+# what must agree between the dense model and the flavor the low-rank one is trained at
+_SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "vocab_size", "rope_theta")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Convert a dense LLaMA (Hugging Face folder or llama2 DCP step) into a "
+        "low-rank model's DCP step folder. Other arguments (--job.config_file, --model.*, "
+        "--boost.*) define the low-rank model, as for import.",
+    )
+    p.add_argument("--from", dest="src", required=True, help="HF LLaMA folder or DCP step")
+    p.add_argument("--to", dest="dst", required=True, help="new DCP step folder")
+    p.add_argument("--rank", type=int, help="= --boost.rank (default: the flavor's)")
+    p.add_argument("--kv-rank", type=int, help="= --boost.kv_rank (GQA k/v rank)")
+    p.add_argument(
+        "--tp", type=int, help="tensor-parallel degree to check the model against "
+        "(default: the config's [parallelism] tensor_parallel_degree)",
+    )  # fmt: skip
+    p.add_argument(
+        "--fit", choices=["auto", "none", "activations"], default="auto",
+        help="activations: fit each bottleneck to the dense projection's outputs on "
+        "calibration tokens; auto (default): activations for cola/lax, none for svd",
+    )  # fmt: skip
+    p.add_argument("--fit-steps", type=int, default=20, help="L-BFGS iterations (default 20)")
+    p.add_argument(
+        "--calib-data", help="save_to_disk folder, .jsonl/.txt file or 'random' (default: "
+        "the embedded corpus' train split)",
+    )  # fmt: skip
+    p.add_argument(
+        "--calib-sequences", type=int, help="calibration sequences (default: 16 with a fit, "
+        "else 0: no calibration, weight errors only)",
+    )  # fmt: skip
+    p.add_argument("--calib-seq-len", type=int, default=256, help="tokens per sequence")
+    p.add_argument(
+        "--heldout", type=int, help="calibration sequences kept out of the fit, for the "
+        "report (default: 1 in 8, at least 1 when there are 2 or more)",
+    )  # fmt: skip
+    p.add_argument("--device", default="cpu", help="where SVDs and fits run: cpu, cuda[:N]")
+    p.add_argument("--svd-dtype", choices=sorted(_SVD_DTYPES), default="float64")
+    p.add_argument(
+        "--threads", type=int, help="CPU threads (default: torch's). On a machine shared "
+        "with other jobs, 1 can be far faster: OpenMP threads spin while they wait",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="calibration sample, LaX gates' G0")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _check_options(p: argparse.ArgumentParser, o: argparse.Namespace) -> None:
+    for flag, value, low in (
+        ("--rank", o.rank, 1), ("--kv-rank", o.kv_rank, 1), ("--tp", o.tp, 1),
+        ("--fit-steps", o.fit_steps, 0), ("--calib-sequences", o.calib_sequences, 0),
+        ("--calib-seq-len", o.calib_seq_len, 1), ("--heldout", o.heldout, 0),
+        ("--threads", o.threads, 1),
+    ):  # fmt: skip
+        if value is not None and value < low:
+            p.error(f"{flag} {value}: must be >= {low}")
+    if o.fit == "activations" and o.calib_sequences == 0:
+        p.error("--fit activations needs calibration: --calib-sequences > 0")
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: use cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name}: CUDA is not available on this machine; use --device cpu"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: use cpu or cuda[:N]")
+    return device
+
+
+def _matching_flavor(args: LlamaArgs) -> str | None:
+    for name, f in flavors_for("dense").items():
+        if all(getattr(f, k) == getattr(args, k) for k in _SHAPE_FIELDS):
+            return name
+    return None
+
+
+def check_same_shapes(dense: LlamaArgs, target: LlamaArgs, where: str, model_desc: str) -> None:
+    diff = [
+        f"{k} {getattr(dense, k)} (config: {getattr(target, k)})"
+        for k in _SHAPE_FIELDS
+        if getattr(dense, k) != getattr(target, k)
+    ]
+    if diff:
+        match = _matching_flavor(dense)
+        hint = f"; its shapes are flavor {match!r}: --model.flavor {match}" if match else ""
+        raise ValueError(
+            f"{where} does not have the shapes of {model_desc}: {', '.join(diff)}{hint}"
+        )
+
+
+def check_tp(target: LlamaArgs, tp: int, plan_requested: str) -> str:
+    """The plan a run at ``tp`` would use; refuses a degree it cannot split the model by."""
+    from boost_titan.tp_plans import resolve_tp_plan, validate_tp_degree
+
+    plan = resolve_tp_plan(plan_requested, target)
+    if tp > 1:
+        validate_tp_degree(target, tp, plan)
+    return plan
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def peak_rss_gib() -> float:
+    """This process' peak resident memory: ``VmHWM`` (reset by exec; ``getrusage``'s
+    ``ru_maxrss`` carries over the peak of the parent a process was forked from)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _report_path(out: Path) -> Path:
+    return out.parent / f"{out.name}.from_dense.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from boost_titan.checkpoint import integrity, safe_metadata
+
+    p = build_parser()
+    o, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    _check_options(p, o)
+    if o.rank:
+        rest += ["--boost.rank", str(o.rank)]
+    if o.kv_rank:
+        rest += ["--boost.kv_rank", str(o.kv_rank)]
+    try:
+        return _run(o, rest)
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        ValueError,  # SourceError, CalibrationError, HFFormatError, config errors
+        safe_metadata.UntrustedCheckpointError,
+        integrity.ChecksumMismatch,
+    ) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except BaseException as e:  # DCP wraps a checksum mismatch found while it reads
+        if (bad := integrity.mismatch_in(e)) is None:
+            raise
+        print(f"{PROG}: error: {bad}", file=sys.stderr)
+        return 1
+
+
+def _run(o: argparse.Namespace, rest: list[str]) -> int:
+    from boost_titan.checkpoint.export import model_for
+    from boost_titan.checkpoint.files import new_tmp
+    from boost_titan.train.config_check import parse_config
+
+    t0 = time.perf_counter()
+    out = Path(o.dst)
+    if out.exists():
+        raise FileExistsError(f"{o.dst!r} exists; from-dense writes a new checkpoint folder")
+    device = _device(o.device)
+    job_config = parse_config(rest, layout=False)  # the model only: any layout loads it
+    name, flavor = job_config.model.name, job_config.model.flavor
+    if MODEL_ARCH.get(name, "dense") == "dense":
+        raise ValueError(
+            f"[model] name {name!r}: from-dense writes a low-rank model, one of {LOW_RANK_MODELS}"
+        )
+    target, _ = model_for(job_config)
+    model_desc = f"model {name!r} flavor {flavor!r}"
+    dense_flavor = replace(flavors_for("dense")[flavor], max_seq_len=target.max_seq_len)
+    source = open_source(o.src, dense_flavor)
+    check_same_shapes(source.args, target, source.where, model_desc)
+    tp = o.tp or job_config.parallelism.tensor_parallel_degree
+    plan = check_tp(target, tp, job_config.boost.tp_plan)
+
+    fit = o.fit == "activations" or (o.fit == "auto" and target.arch in ("cola", "lax"))
+    n_seq = o.calib_sequences if o.calib_sequences is not None else (16 if fit else 0)
+    if fit and n_seq == 0:
+        fit = False  # --fit auto with --calib-sequences 0: no data, no fit
+    held = o.heldout if o.heldout is not None else (max(1, n_seq // 8) if n_seq >= 2 else 0)
+    if n_seq and held >= n_seq:
+        raise ValueError(f"--heldout {held} leaves no calibration sequence of {n_seq} to fit")
+    notes = []
+    if source.args.norm_eps != target.norm_eps:
+        notes.append(
+            f"RMSNorm eps: the dense model's {source.args.norm_eps:g}, {name}'s "
+            f"{target.norm_eps:g} (its flavors'); the norm weights are copied"
+        )
+    if target.arch == "lax" and not fit:
+        notes.append(
+            "LaX without the fit: the latent LayerNorm of blocks >= 1 rescales the SVD "
+            "latents (activation errors above 1 are possible); --fit activations fixes it"
+        )
+    if target.arch == "cola" and not target.swiglu and not fit:
+        notes.append(
+            "this CoLA flavor drops SwiGLU's outer SiLU: without the fit the gate's "
+            "bottleneck approximates W1 x, not silu(W1 x)"
+        )
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+
+    tokens = None
+    with _threads(o.threads):
+        if n_seq:
+            tok_dir = source.tokenizer_dir
+            if tok_dir is None and o.calib_data != RANDOM:
+                tok_dir = Path(job_config.model.hf_assets_path)
+            tokens = calibration_tokens(
+                o.calib_data, tok_dir, n_seq, o.calib_seq_len, target.vocab_size, o.seed
+            )
+        options = Options(
+            fit=fit,
+            fit_steps=o.fit_steps,
+            device=device,
+            svd_dtype=_SVD_DTYPES[o.svd_dtype],
+            seed=o.seed,
+            heldout=held,
+        )
+        progress = Progress(7 * target.n_layers, target.n_layers, enabled=not o.no_progress)
+        converter = Converter(source, target, options, tokens, progress.advance)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = new_tmp(out, folder=True)
+        report_path = _report_path(out)
+        tmp_report = report_path.parent / f".{report_path.name}.tmp"
+        try:
+            write_lazily(tmp, converter.shapes, converter.get)
+            progress.close()
+            report = {
+                "source": str(Path(o.src).resolve()),
+                "output": str(out.resolve()),
+                "model": name,
+                "flavor": flavor,
+                "arch": target.arch,
+                "rank": target.rank,
+                "kv_rank": target.effective_kv_rank,
+                "latent_act": target.activation,
+                "swiglu": target.swiglu,
+                "lax_gate": target.lax_gate if target.arch == "lax" else None,
+                "checked_tp": {"degree": tp, "plan": plan},
+                "fit": fit,
+                "fit_steps": o.fit_steps if fit else 0,
+                "svd_dtype": o.svd_dtype,
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                "notes": notes,
+                **converter.report,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "peak_rss_gib": round(
+                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3
+                ),
+            }
+            tmp_report.write_text(json.dumps(report, indent=1) + "\n")
+            os.replace(tmp, out)
+            os.replace(tmp_report, report_path)
+        finally:
+            progress.close()
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            if tmp_report.exists():
+                tmp_report.unlink()
+    print(tables(report))
+    print(
+        f"wrote {out} ({name} flavor {flavor}, rank {target.rank}, kv rank "
+        f"{target.effective_kv_rank}; {'fitted' if fit else 'plain SVD'}) in "
+        f"{report['seconds']:.1f} s, peak RSS {report['peak_rss_gib']:.2f} GiB; "
+        f"report {report_path}"
+    )
+    return 0
