@@ -146,7 +146,9 @@ class DataPosition:
         if not items:  # a model-only save, or not a local folder
             return state_dict
         loader = self.dataloader
-        name = getattr(loader, "dataset_name", "?")
+        name = getattr(loader, "dataset_name", None) or getattr(
+            getattr(loader, "dataset", None), "dataset_name", "?"
+        )
         has_position = f"dataloader.{POSITION_ITEM}" in items
         if getattr(loader, "global_order", False):
             if has_position:

@@ -152,8 +152,8 @@ class GlobalOrderLoader(BaseDataLoader):
                             logger.warning(f"Dataset {self.dataset_name} is being re-looped")
                         packer.add(tuple(after), tokens)
                 pieces = packer.cut(lo <= j < hi)
-                if pieces is not None:
-                    rows.append(torch.cat(pieces))
+                if pieces is not None:  # (a converted position's pending tokens: a list)
+                    rows.append(torch.cat([torch.as_tensor(p, dtype=torch.int32) for p in pieces]))
             self.position = packer.position()
             x = torch.stack(rows).long()
             if dump_folder:
@@ -284,6 +284,12 @@ class GlobalOrderLoader(BaseDataLoader):
         try:
             every, held = (corpus.holdout_every, corpus.held) if corpus else (0, False)
             self.position = legacy_position(dataset, every, held)
+        except PositionError as e:
+            raise DataResumeError(
+                f"checkpoint {folder}: its data position was saved by the per-rank data "
+                f"loader of an older boost_titan and cannot continue this run's order ({e}); "
+                f"{fingerprint.RESTART}"
+            ) from None
         except (KeyError, TypeError, ValueError) as e:
             raise DataResumeError(
                 f"checkpoint {folder}: its data position (per-rank loader, rank 0) is not one "

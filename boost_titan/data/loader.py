@@ -139,7 +139,7 @@ def corpus_is_map_style(data) -> bool:
 
 class LocalTextDataset(HuggingFaceTextDataset):
     """torchtitan's text dataset over this rank's share of a local corpus (validation),
-    with an empty share refused."""
+    with an empty share refused and the pass counter kept per process."""
 
     def __init__(
         self, name, corpus, tokenizer, seq_len, dp_rank, dp_world_size, infinite, workers=0
@@ -184,6 +184,20 @@ class LocalTextDataset(HuggingFaceTextDataset):
                 f"{self.dataset_name}: this data-parallel rank's share of the corpus holds "
                 f"no document ({self._share}); use fewer data-parallel ranks or more documents"
             )
+
+    def __iter__(self):
+        self._own_epoch()
+        yield from super().__iter__()
+
+    def _own_epoch(self) -> None:
+        """Give this process its own pass counter (validation with ``steps`` set loops
+        endlessly). datasets keeps an IterableDataset's epoch in a shared-memory tensor
+        that every DataLoader worker forked from this dataset shares: each worker's
+        re-loop (torchtitan's ``set_epoch(epoch + 1)``) would bump the others' epoch,
+        which picks the file order of their next pass, so the batches depended on the
+        workers' timing."""
+        if not corpus_is_map_style(self._data):
+            self._data._epoch = int(self._data._epoch)
 
 
 # ---------------------------------------------------------------------------------------

@@ -206,13 +206,20 @@ def raw_index_after(kept: int, every: int, held: bool) -> int:
 
 def legacy_position(dataset_state: dict[str, Any], every: int, held: bool) -> Position:
     """The position of a one-rank, no-worker checkpoint of torchtitan's text dataset
-    (map-style ``sample_idx``, or a streamed ``datasets`` state over one shard per file)
-    and its ``token_buffer``: the same stream, as a cursor and the buffered tokens."""
+    (map-style ``sample_idx``, or a streamed ``datasets`` state over one shard per file,
+    saved in its first pass) and its ``token_buffer``: the same stream, as a cursor and
+    the buffered tokens."""
     buffer = tuple(dataset_state["token_buffer"])
     if "sample_idx" in dataset_state:  # map-style: the pass is not recorded
         return Position(0, 0, 0, int(dataset_state["sample_idx"]), 0, buffer)
     data = dataset_state["data"]
+    if int(data["epoch"]):
+        raise PositionError(
+            f"it was saved after {int(data['epoch'])} passes over a streamed corpus, and "
+            "datasets shuffles the files of every pass after the first, the global order "
+            "reads them in path order"
+        )
     shard = data["examples_iterable"]
     kept = int(shard["shard_example_idx"])
     doc = raw_index_after(kept, every, held) if kept else 0
-    return Position(0, int(data["epoch"]), int(shard["shard_idx"]), doc, 0, buffer)
+    return Position(0, 0, int(shard["shard_idx"]), doc, 0, buffer)
