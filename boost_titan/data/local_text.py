@@ -4,8 +4,7 @@ the checks made before the model is built, and the documents read from them.
 ``dataset_path`` is one of:
 
 * a ``save_to_disk`` folder (it holds ``dataset_info.json`` or ``state.json``): already
-  Arrow on disk, memory-mapped and read **map-style** (a document index, shards are
-  contiguous document ranges);
+  Arrow on disk, memory-mapped and read **map-style** (by document index);
 * a ``.jsonl`` / ``.json`` / ``.txt`` / ``.parquet`` file, or a folder holding files of
   one of those formats (searched recursively, sorted by path; names starting with ``.``
   are skipped): **streamed**, each file read as training consumes it, with no copy
