@@ -308,6 +308,27 @@ def test_a_position_over_other_data_is_refused(corpora):
         )
 
 
+class _RunsCommand:
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+def test_a_crafted_position_runs_nothing(corpora, tmp_path):
+    """The position item is unpickled with no global allowed (as every data loader
+    state): a pickle that would run a command is refused naming the item."""
+    marker = tmp_path / "PWNED"
+    loader = _loader(corpora["saved"], 2, 0)
+    with pytest.raises(BaseException) as e:
+        loader.load_state_dict({"position": pickle.dumps(_RunsCommand(f"touch {marker}"))})
+    assert "its data loader state dataloader.position refers to posix.system" in str(e.value)
+    assert not marker.exists()
+
+
 # ---------------------------------------------------------------------------------------
 # Checkpoints through DCP (one process)
 
