@@ -32,6 +32,12 @@ of torchtitan's loader over a generated jsonl corpus, against what the recipes c
    (torchtitan's default) the loader runs inside the training step: its share of each
    step is 1 / margin.
 
+5. ``--global-dp D ...``: the trainer's own loader (``boost_titan.data.global_loader``, the
+   global order) as rank 0 of ``D`` data-parallel ranks over the same files, with 0 and
+   each ``--workers`` count: every rank tokenizes the whole stream and trains on 1/D of
+   it, so the rate that matters is the stream's (tokens tokenized per second) and the
+   largest dp it keeps up with at a recipe's need is stream rate / what a rank needs.
+
 Everything generated is deleted at the end unless ``--keep``. Noisy on a shared machine:
 figures, not assertions."""
 
@@ -71,6 +77,13 @@ def parse() -> argparse.Namespace:
         help="DataLoader worker counts to try on the streaming loader (0 always runs)",
     )
     p.add_argument("--modes", default="arrow,streaming,local_text")
+    p.add_argument(
+        "--global-dp",
+        type=int,
+        nargs="*",
+        default=[1, 8],
+        help="data-parallel degrees at which to time the trainer's global-order loader",
+    )
     p.add_argument("--tokenize-mb", type=float, default=8.0, help="text for the raw encode test")
     p.add_argument(
         "--gpu-tflops",
@@ -165,6 +178,37 @@ def measure_loader(name: str, load, tok, seq: int, batch: int, seconds: float, w
     rate = n * batch * seq / (time.perf_counter() - t1)
     cpu_rate = n * batch * seq / (time.process_time() - c1) if workers == 0 else None
     del it, dl
+    return first, rate, cpu_rate, n
+
+
+def measure_global(corpus_dir: Path, tok, seq: int, batch: int, seconds, workers: int, dp: int):
+    """The trainer's loader (the global order) as rank 0 of ``dp``: (seconds to the first
+    batch, stream tokens/s, stream tokens per CPU-second of this process (0 workers: all
+    of the work; with workers: the packing, what more workers cannot spread), batches
+    timed). The stream is dp x what the rank trains on."""
+    from boost_titan.data import fingerprint, local_text
+    from boost_titan.data.global_loader import GlobalOrderLoader
+    from boost_titan.data.sources import FileSource
+
+    t0 = time.perf_counter()
+    corpus = local_text.find_corpus(str(corpus_dir))
+    loader = GlobalOrderLoader(
+        "local_text", FileSource("local_text", corpus), tok, seq_len=seq,
+        local_batch_size=batch, dp_rank=0, dp_world_size=dp, num_workers=workers,
+        prefetch_factor=4 if workers else None, fingerprint=fingerprint.fingerprint(corpus),
+    )  # fmt: skip
+    it = iter(loader)
+    x, _ = next(it)
+    first = time.perf_counter() - t0
+    assert x["input"].shape == (batch, seq)
+    t1, c1, n = time.perf_counter(), time.process_time(), 0
+    while time.perf_counter() - t1 < seconds:
+        next(it)
+        n += 1
+    stream = n * batch * dp * (seq + 1)
+    rate = stream / (time.perf_counter() - t1)
+    cpu_rate = stream / (time.process_time() - c1)
+    del it, loader
     return first, rate, cpu_rate, n
 
 
@@ -295,6 +339,41 @@ def main() -> int:
                     flush=True,
                 )
 
+        glob = []
+        if a.global_dp:
+            print(
+                f"\nthe trainer's loader (global order, boost_titan.data.global_loader), rank 0 "
+                f"of dp ranks, batch {a.batch}: every rank tokenizes the whole stream"
+            )
+            print(
+                f"{'dp':>3} {'workers':>7} {'seq':>5} {'first batch s':>13} {'stream tok/s':>12} "
+                f"{'stream tok/CPU-s':>16} {'trains on tok/s':>15} {'batches':>7}   "
+                "(tok/CPU-s with workers: the main process's packing only)"
+            )
+        for dp in a.global_dp:
+            for workers in [0, *[w for w in a.workers if w > 0]]:
+                for seq in a.seq:
+                    first, rate, cpu_rate, n = measure_global(
+                        root / "corpus", tok, seq, a.batch, a.seconds, workers, dp
+                    )
+                    glob.append(
+                        {
+                            "dp": dp,
+                            "workers": workers,
+                            "seq": seq,
+                            "first_s": first,
+                            "stream_tokens_s": rate,
+                            "stream_tokens_per_cpu_s": cpu_rate,
+                            "batches": n,
+                        }
+                    )
+                    print(
+                        f"{dp:>3} {workers:>7} {seq:>5} {first:>13.2f} {rate:>12,.0f} "
+                        f"{cpu_rate:>16,.0f} {rate / dp:>15,.0f} "
+                        f"{n:>7}",
+                        flush=True,
+                    )
+
         demand = recipe_demand(a.gpu_tflops, a.mfu)
         print(
             f"\nwhat the recipes consume: FLOPs/token (LlamaArgs.flops_per_token, the "
@@ -320,6 +399,25 @@ def main() -> int:
                 f"{d['gpu_tokens_s']:>10,.0f} {d['loader_tokens_s']:>12,.0f} "
                 f"{margins(d['seq'], d['loader_tokens_s'])}"
             )
+        if glob:
+            # the largest dp degree whose whole stream a rank tokenizes as fast as it trains
+            best = {}
+            for g in glob:
+                key = (g["workers"], g["seq"])
+                cpu = g["stream_tokens_per_cpu_s"] if not g["workers"] else None
+                best[key] = max(best.get(key, 0), cpu if cpu else g["stream_tokens_s"])
+            print(
+                "\nglobal order: the largest data-parallel degree a rank keeps up with = stream "
+                "tokens/s (0 workers: per CPU-second, one free core; with workers: wall here) / "
+                "what the rank's loader needs"
+            )
+            for d in demand:
+                cols = [
+                    f"{w} workers {best[w, d['seq']] / d['loader_tokens_s']:.1f}"
+                    for w, seq in sorted(best)
+                    if seq == d["seq"]
+                ]
+                print(f"{d['recipe']:<16} seq {d['seq']}: dp <= " + ", ".join(cols))
         need = PAPER_7B["tokens"] / PAPER_7B["seconds"]
         print(
             f"published: BOOST paper 7B CoLA TP4 on A100, 0.72 s/iteration at micro-batch 4 x "
@@ -333,7 +431,9 @@ def main() -> int:
             "each step and costs 1/margin of it"
         )
         (root / "results.json").write_text(
-            json.dumps({"tokenize": enc, "loader": results, "demand": demand}, indent=2)
+            json.dumps(
+                {"tokenize": enc, "loader": results, "global": glob, "demand": demand}, indent=2
+            )
         )
     finally:
         if not a.keep:

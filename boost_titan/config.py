@@ -34,7 +34,6 @@ PP_SCHEDULES = (
     "DualPipeV",
 )
 NAN_POLICIES = ("stop", "skip")
-DATA_RESUME_MODES = ("exact", "reshard")
 OPTIMIZERS = ("Adam", "AdamW", "LORO")
 LORO_REFRESH = ("all", "factors", "regular", "none")
 LORO_EXACT_DTYPES = ("float64", "float32")
@@ -127,17 +126,6 @@ class Boost:
     nan_max_consecutive_skips: int = 3
     """With nan_policy = "skip": consecutive non-finite steps tolerated before stopping."""
 
-    data_resume: str = "exact"
-    """Resuming a checkpoint saved under another data-parallel degree (dp_shard x
-    dp_replicate; TP/PP/CP changes resume exactly either way). "exact": refused, in one
-    line naming both layouts, before anything is loaded. "reshard": model, optimizer, LR
-    schedule and step resume, and each data-parallel rank skips, in its new shard, as
-    many documents as the saved ranks had consumed there (the total is kept); the log
-    states the documents read again, the never-read ones skipped and the buffered tokens
-    dropped (``boost_titan.checkpoint.data_position``). Map-style datasets (boost_corpus, a
-    local_text
-    save_to_disk folder); a streamed corpus (local_text files) is refused."""
-
     log_comm: bool = False
     """Count tensor-parallel collectives (count and bytes, forward/backward) on the
     first training step and log them."""
@@ -218,7 +206,6 @@ def validate_boost_config(boost: Boost) -> None:
     _check("latent_checkpoint", boost.latent_checkpoint, LATENT_CHECKPOINT)
     _check("latent_checkpoint_keep", boost.latent_checkpoint_keep, LATENT_CHECKPOINT_KEEP)
     _check("nan_policy", boost.nan_policy, NAN_POLICIES)
-    _check("data_resume", boost.data_resume, DATA_RESUME_MODES)
     if boost.nan_max_consecutive_skips < 1:
         raise ValueError(
             f"[boost] nan_max_consecutive_skips = {boost.nan_max_consecutive_skips} must be >= 1"

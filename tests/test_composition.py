@@ -4,11 +4,13 @@ SVD and LaX, with and without sequence-parallel latents. Each run starts from th
 seed checkpoint as a single-process run and its first steps' loss and gradient norm
 must match that run's.
 
-Data-parallel runs must see the single run's batches: every DP rank reads a contiguous
-1/dp slice of a map-style dataset, so the DP runs read ``dp`` back-to-back copies of the
-single run's documents. Each DP rank then computes the single run's batch, and the
-averaged gradient equals the single-process one: an exact check of the FSDP/HSDP
-reductions, not just "the loss goes down".
+Data-parallel runs train on the single run's batches: the training data is one global
+order of packed windows (``boost_titan.data.order``) whose global batch is local batch x
+dp windows, so a run at dp degree ``dp`` with local batch ``4 / dp`` trains each step on
+the single run's 4 windows, each rank on its own ``4 / dp`` of them. The gradient
+reduced over the ranks must then equal the single-process one: an exact check of the
+FSDP/HSDP reductions (each rank's gradient is a different part of the sum), not just
+"the loss goes down".
 """
 
 from __future__ import annotations
@@ -69,13 +71,12 @@ LAYOUTS = [
 
 @pytest.fixture(scope="module")
 def docs_dir(corpus_dir, tmp_path_factory):
-    """Datasets of 1, 2 and 4 back-to-back copies of 40 corpus documents."""
+    """A dataset of 40 corpus documents."""
     from datasets import Dataset, load_from_disk
 
     docs = load_from_disk(str(corpus_dir / "train"))[:40]["text"]
     root = tmp_path_factory.mktemp("docs")
-    for copies in (1, 2, 4):
-        Dataset.from_dict({"text": docs * copies}).save_to_disk(str(root / f"x{copies}"))
+    Dataset.from_dict({"text": docs}).save_to_disk(str(root / "x1"))
     return root
 
 
@@ -87,12 +88,22 @@ class _References:
         self.root, self.docs_dir, self.runs = root, docs_dir, {}
         self.seed_checkpoint = seed_checkpoint
 
-    def data(self, copies: int) -> tuple[str, ...]:
+    def data(self, dp: int) -> tuple[str, ...]:
+        """The single run's data and, at dp degree ``dp``, its global batch of 4 windows
+        (base/debug.toml's local batch) as ``4 / dp`` per rank (pipeline micro-batches
+        of 1)."""
+        split = ()
+        if dp > 1:
+            split = (
+                "--training.local_batch_size", str(4 // dp),
+                "--parallelism.pipeline_parallel_microbatch_size", "1",
+            )  # fmt: skip
         return (
             "--training.dataset",
             "local_text",
             "--training.dataset_path",
-            str(self.docs_dir / f"x{copies}"),
+            str(self.docs_dir / "x1"),
+            *split,
         )
 
     def get(self, arch: str):
@@ -176,7 +187,7 @@ BF16_LOSS_RTOL = 1e-3
 
 # bf16 without FSDP: torchtitan trains TP- and PP-only layouts in fp32 whatever
 # mixed_precision_param says; boost_titan autocasts their forward
-# (parallelize.apply_autocast_without_fsdp). (config, processes, data copies, overrides)
+# (parallelize.apply_autocast_without_fsdp). (config, processes, dp degree, overrides)
 BF16_LAYOUTS = {
     "tp2 x fsdp2": ("debug_cola_btp_tp2_fsdp2.toml", 4, 2, ()),
     "tp2": ("debug_cola_btp_tp2.toml", 2, 1, ()),
@@ -204,14 +215,14 @@ def test_bf16_mixed_precision_follows_fp32_in_every_layout(references, tmp_path)
     ref = single.loss[0]
     assert sorted(ref) == list(range(1, BF16_STEPS + 1))
     got = {}
-    for name, (config, ngpu, copies, extra) in BF16_LAYOUTS.items():
+    for name, (config, ngpu, dp, extra) in BF16_LAYOUTS.items():
         run = run_training(
             config,
             ngpu,
             tmp_path / name.replace(" ", ""),
             *load,
             *steps,
-            *references.data(copies),
+            *references.data(dp),
             "--training.mixed_precision_param",
             "bfloat16",
             *extra,

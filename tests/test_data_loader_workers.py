@@ -1,7 +1,11 @@
 """DataLoader workers (``[training.dataloader] num_workers``) over torchtitan's text
-dataset: a map-style dataset is read once per worker, so boost_titan refuses it
-(boost_titan.data.workers); a streamed one is split among the workers."""
+dataset: a map-style dataset is read once per worker, so boost_titan refuses it where
+torchtitan's loader reads it (validation of ``boost_corpus_val``, datasets of
+torchtitan's registry; boost_titan.data.workers); a streamed one is split among the
+workers. boost_titan's training loader (the global order) has workers tokenize chunks
+of the one stream in turn: the same batches with or without them."""
 
+import itertools
 import json
 
 import pytest
@@ -71,20 +75,20 @@ def test_streamed_is_split_among_workers(loaders):
     assert alone - 2 <= sum(1 for _ in two) <= alone
 
 
-def test_the_trainers_loader_refuses_workers_over_map_style_data(corpus_dir):
-    """The train spec's own loader (boost_titan.data.loader), on the embedded corpus."""
+def test_the_trainers_loader_reads_map_style_data_with_workers(corpus_dir):
+    """The train spec's own loader (boost_titan.data.loader), on the embedded corpus:
+    2 workers give the batches of none (before the global order: refused, each worker
+    would have read every document)."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
     from torchtitan.protocols.train_spec import get_train_spec
 
     from boost_titan.train.config_check.parse import parse_config
 
-    config = "train_configs/debug_cola.toml"
-    job = parse_config(["--job.config_file", config, "--training.dataloader.num_workers", "2"])
-    build = get_train_spec(job.model.name).build_dataloader_fn
+    config = ["--job.config_file", "train_configs/debug_cola.toml"]
     tok = HuggingFaceTokenizer(str(corpus_dir / "tokenizer"))
-    with pytest.raises(
-        DataloaderWorkersError, match=r"num_workers = 2 with dataset 'boost_corpus'"
-    ):
-        build(1, 0, tok, job)
-    job = parse_config(["--job.config_file", config])
-    assert sum(1 for _ in zip(range(2), build(1, 0, tok, job))) == 2  # no workers: loads
+    batches = []
+    for workers in ("0", "2"):
+        job = parse_config([*config, "--training.dataloader.num_workers", workers])
+        loader = get_train_spec(job.model.name).build_dataloader_fn(2, 1, tok, job)
+        batches.append([labels.tolist() for _, labels in itertools.islice(loader, 3)])
+    assert batches[0] == batches[1] and len(batches[0]) == 3

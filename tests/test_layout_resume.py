@@ -1,373 +1,247 @@
-"""Resuming a checkpoint under another layout (``boost_titan.checkpoint.data_position``), on
-real gloo
-ranks, from one BTP TP2 run (data-parallel degree 1, 3 steps, checkpoints at steps 2
-and 3):
+"""Resuming a checkpoint under another layout: the same global token stream
+(``boost_titan.data.order``), on real gloo ranks.
 
-* TP2 -> TP2 x FSDP2 (dp 1 -> 2), the issue's reproduction: refused in one line naming
-  both layouts and the ways forward, before anything is loaded; DCP's ``Missing key``
-  error is gone;
-* the same with ``[boost] data_resume = "reshard"``: step, LR schedule and model resume;
-  new rank 0 continues the saved rank's stream token for token (its data position
-  after step 3 is the uninterrupted TP2 run's), new rank 1 starts its shard, and the
-  logged counts match an independent count of the corpus's shards;
-* dp 2 -> 1 (that run's step 3 resumed as TP2) with "reshard": documents read again,
-  skipped and dropped tokens as counted here, the new position as tokenized here;
-* ``--checkpoint.exclude_from_loading dataloader`` (named in the refusal): trains,
-  the data restarts from its first document;
-* same dp degree, other layout (TP2 -> 1 process): resumes exactly as before.
+Two uninterrupted FSDP2 runs at data-parallel degree 2 (CoLA debug model, 8 steps, a
+checkpoint at step 4, ``global_batch_size`` 8 windows of 257 tokens), each resumed from
+its step 4 under other layouts:
 
-The arithmetic itself (shards as ``datasets`` cuts them, repeated / skipped counts) is
-checked without processes against brute-force sets."""
+* the embedded corpus (map-style, ``boost_corpus``), no DataLoader workers: resumed at
+  dp 1 as 2 pipeline stages (1F1B, local batch 4 x 2 accumulation steps, 2 workers)
+  and at dp 4 (local batch 2);
+* a streamed ``local_text`` corpus of jsonl files with every 3rd document held out,
+  small enough to re-loop every ~2 steps, read by 2 DataLoader workers: resumed at dp 1
+  (no workers), dp 2 as BTP TP2 x FSDP2 (4 processes, no workers) and dp 4 (2 workers
+  per rank).
+
+Every process dumps the token ids of each batch it yields (``BOOST_TITAN_DUMP_BATCHES``).
+Checked: the uninterrupted run's windows are the corpus packed as torchtitan packs it at
+one rank (tokenized and cut here, independently); each resumed run trains steps 5-8 on
+the uninterrupted run's global batches (window for window, token for token, each step
+on its own 8 windows) with the same losses (1e-5 relative); and every run's step-8
+checkpoint holds the same position. (The same dp degree and layout resumes bitwise:
+test_local_text.py; ``--checkpoint.exclude_from_loading dataloader`` restarting the data
+at window 0: there too.)
+
+Refusals that remain (checkpoints of the per-rank loaders) and the order arithmetic are
+checked without processes in test_global_order.py."""
 
 from __future__ import annotations
 
-import functools
-import pickle
+import json
+import os
 import random
-import re
 import shutil
 import warnings
 from pathlib import Path
 
 import pytest
-from helpers import run_training
+from helpers import REPO_ROOT, run_training
 
-from boost_titan.checkpoint.data_position import (
-    DataResumeError,
-    _check_reshardable,
-    contiguous_shards,
-    plan_reshard,
-)
+from boost_titan.data.global_loader import DUMP_ENV
 
-TP2 = "debug_cola_btp_tp2.toml"
-TP2_FSDP2 = "debug_cola_btp_tp2_fsdp2.toml"
-BATCH, SEQ = 4, 256  # base/debug.toml's local_batch_size and seq_len
-COMMON = ("--checkpoint.enable", "--validation.no-enable")
-STEPS_3 = (*COMMON, "--training.steps", "3")
-
-
-# ---------------------------------------------------------------------------------------
-# The arithmetic, no processes
+FSDP2 = "debug_cola_fsdp2.toml"  # CoLA, data_parallel_shard_degree 2
+WINDOW = 257  # base/debug.toml's seq_len 256, plus the label
+GLOBAL = 8  # windows per step: --training.global_batch_size
+COMMON = (
+    "--checkpoint.enable", "--checkpoint.interval", "4", "--training.steps", "8",
+    "--validation.no-enable", "--training.global_batch_size", str(GLOBAL),
+    "--boost.profile_freq", "0", "--metrics.no-enable_tensorboard",
+)  # fmt: skip
+WORDS = "the a river stone light model train data city north small old quiet green".split()
+EVERY = 3  # the streamed corpus' dataset_holdout_every
 
 
-def test_contiguous_shards_are_datasets_own():
-    from datasets import Dataset
-
-    for n in (9, 13, 4697):  # datasets refuses more shards than rows
-        ds = Dataset.from_dict({"i": list(range(n))})
-        for degree in (1, 2, 3, 4, 8):
-            ours = contiguous_shards(n, degree)
-            for rank, (start, end) in enumerate(ours):
-                shard = ds.shard(num_shards=degree, index=rank, contiguous=True)
-                assert shard["i"] == list(range(start, end)), (n, degree, rank)
-
-
-@functools.cache
-def _datasets_shards(n: int, degree: int) -> list[list[int]]:
-    """The documents of each rank, as datasets' Dataset.shard cuts them."""
-    from datasets import Dataset
-
-    ds = Dataset.from_dict({"i": list(range(n))})
-    return [ds.shard(num_shards=degree, index=r, contiguous=True)["i"] for r in range(degree)]
-
-
-def _brute_force(n, positions, new_degree):
-    """(documents each new rank skips, read again, skipped), by sets of documents."""
-    consumed = {
-        d for shard, pos in zip(_datasets_shards(n, len(positions)), positions) for d in shard[:pos]
-    }
-    new = _datasets_shards(n, new_degree)
-    skips = [len(consumed & set(shard)) for shard in new]
-    behind = {d for shard, k in zip(new, skips) for d in shard[:k]}
-    ahead = {d for shard, k in zip(new, skips) for d in shard[k:]}
-    return skips, len(consumed & ahead), len(behind - consumed)
+def _layout(dp: int, workers: int, tp: int = 1, pp: int = 1):
+    """(config, processes, overrides) of a layout with 8-window steps: FSDP over dp
+    ranks (local batch 8 / dp, at most 4: dp 1 accumulates 2), TP (BTP) and PP (1F1B)
+    around it."""
+    local = min(4, GLOBAL // dp)
+    args = [
+        "--parallelism.data_parallel_shard_degree", str(dp),
+        "--training.local_batch_size", str(local),
+        "--training.dataloader.num_workers", str(workers),
+    ]  # fmt: skip
+    if tp > 1:
+        args += ["--parallelism.tensor_parallel_degree", str(tp), "--boost.tp_plan", "btp"]
+    if pp > 1:
+        args += [
+            "--parallelism.pipeline_parallel_degree", str(pp),
+            "--parallelism.pipeline_parallel_schedule", "1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size", "2",
+        ]  # fmt: skip
+    return FSDP2, dp * tp * pp, tuple(args)
 
 
-def test_reshard_plan_counts_against_brute_force():
-    rng = random.Random(0)
-    for _ in range(300):
-        old, new = rng.randrange(1, 6), rng.randrange(1, 6)
-        n = rng.randrange(max(old, new), 24)
-        positions = [rng.randrange(0, e - s + 1) for s, e in contiguous_shards(n, old)]
-        buffered = [rng.randrange(0, 300) for _ in range(old)]
-        plan = plan_reshard(n, positions, buffered, new)
-        skips, repeated, skipped = _brute_force(n, positions, new)
-        assert plan.positions == skips and sum(skips) == sum(positions)  # total kept
-        assert (plan.repeated, plan.skipped) == (repeated, skipped), (n, positions, new)
-        assert repeated == skipped  # the total is kept: what is read again, is skipped
-        assert plan.dropped_tokens == sum(
-            b for r, b in enumerate(buffered) if r not in set(plan.handover.values())
-        )
+def _run(root: Path, name: str, layout, data: tuple[str, ...], step4: Path | None = None):
+    config, procs, args = layout
+    dump = root / name
+    if step4 is not None:
+        shutil.copytree(step4, dump / "checkpoint" / "step-4")
+    old = os.environ.get(DUMP_ENV)
+    os.environ[DUMP_ENV] = str(root / f"{name}.batches")
+    try:
+        run = run_training(config, procs, dump, *COMMON, *args, *data)
+    finally:
+        os.environ.pop(DUMP_ENV) if old is None else os.environ.__setitem__(DUMP_ENV, old)
+    run.batches = _batches(root / f"{name}.batches")
+    return run
 
 
-def test_reshard_plan_is_exact_where_shards_line_up():
-    # dp 1 -> 2, and 2 -> 4 (every old shard boundary is a new one): nothing is read
-    # again or skipped, every buffer continues on the new rank that reads on
-    plan = plan_reshard(4697, [3], [1178], 2)
-    assert plan.positions == [3, 0] and plan.handover == {0: 0}
-    assert (plan.repeated, plan.skipped, plan.dropped_tokens) == (0, 0, 0)
-    plan = plan_reshard(4697, [3, 5], [10, 20], 4)
-    assert plan.positions == [3, 0, 5, 0] and plan.handover == {0: 0, 2: 1}
-    assert (plan.repeated, plan.skipped, plan.dropped_tokens) == (0, 0, 0)
-    # 3 -> 9 on 13 documents: old boundary 5 falls inside new shard [4, 6) (sizes
-    # 2,2,2,2,1,...): document 4 (rank 0's last, unread) is skipped, 5 read again
-    plan = plan_reshard(13, [2, 1, 0], [0, 0, 0], 9)
-    assert plan.positions == [2, 0, 1, 0, 0, 0, 0, 0, 0]
-    assert (plan.repeated, plan.skipped) == (1, 1)
-    # dp 2 -> 1: rank 1's 5 documents are read again, 5 of rank 0's unread ones skipped
-    plan = plan_reshard(4697, [3, 5], [10, 20], 1)
-    assert plan.positions == [8] and plan.handover == {}
-    assert (plan.repeated, plan.skipped, plan.dropped_tokens) == (5, 5, 30)
+def _batches(folder: Path) -> dict[int, list[tuple[int, list[int]]]]:
+    """dp rank -> [(first window, the batch's windows' tokens)] in the order yielded,
+    checked equal between the processes of one dp rank (TP peers) and contiguous."""
+    by_rank: dict[int, list] = {}
+    for path in sorted(folder.glob("rank*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        rank = records[0]["dp_rank"]
+        batches = []
+        for r in records:
+            assert r["windows"] == list(range(r["windows"][0], r["windows"][0] + len(r["tokens"])))
+            batches.append((r["windows"][0], r["tokens"]))
+        assert by_rank.setdefault(rank, batches) == batches, (path, rank)
+    return by_rank
 
 
-def test_reshard_plan_refuses_a_position_past_its_shard():
-    with pytest.raises(
-        DataResumeError,
-        match=r"saved data-parallel rank 1 had read 9 documents of a shard that holds 5 of the 10",
-    ):
-        plan_reshard(10, [0, 9], [0, 0], 1)
+def _steps(run, first_step: int) -> dict[int, dict[int, list[int]]]:
+    """step -> {global window index: tokens} of what the run trained on, from each rank's
+    batches in order (step first_step + k // accumulation)."""
+    dp = len(run.batches)
+    local = len(run.batches[0][0][1])
+    accumulation = GLOBAL // (local * dp)
+    out: dict[int, dict[int, list[int]]] = {}
+    for batches in run.batches.values():
+        for k, (first, tokens) in enumerate(batches):
+            step = first_step + k // accumulation
+            for i, window in enumerate(tokens):
+                assert out.setdefault(step, {}).setdefault(first + i, window) == window
+    return out
 
 
-def test_reshard_refuses_a_streamed_dataset():
-    from datasets import Dataset
-
-    class Loader:
-        num_workers = 0
-
-        class dataset:  # noqa: N801  (torchtitan's HuggingFaceTextDataset, streamed)
-            dataset_name = "c4"
-            _sample_idx = 0
-            _data = Dataset.from_dict({"text": ["a", "b"]}).to_iterable_dataset()
-
-    with pytest.raises(DataResumeError, match=r"dataset 'c4' is streamed \(IterableDataset\)"):
-        _check_reshardable(Loader, "ckpt/step-2")
+def _reference(texts, tokenizer, n_windows: int) -> list[list[int]]:
+    """torchtitan's packing at one rank, written out: each document BOS + tokens + EOS,
+    concatenated pass after pass, cut into WINDOW-token windows."""
+    stream: list[int] = []
+    for text in texts:  # an endless iterator
+        stream += tokenizer.encode(text, add_bos=True, add_eos=True)
+        if len(stream) >= n_windows * WINDOW:
+            return [stream[i * WINDOW : (i + 1) * WINDOW] for i in range(n_windows)]
+    raise AssertionError("corpus too short")
 
 
-# ---------------------------------------------------------------------------------------
-# Real runs
-
-
-def _items(step_dir: Path) -> dict:
-    """The checkpoint's data loader states (unpickled), LR scheduler and step."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+def _position(step_dir: Path) -> dict:
+    """The checkpoint's data position item, unpickled (no globals)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     from boost_titan.checkpoint import safe_metadata
 
-    meta = safe_metadata.loads((step_dir / ".metadata").read_bytes(), str(step_dir))
-    keys = {
-        k
-        for k, v in meta.state_dict_metadata.items()
-        if isinstance(v, BytesStorageMetadata)
-        and k.split(".")[0] in ("dataloader", "lr_scheduler", "train_state")
-    }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is unavailable")
-        items = _load_state_dict_from_keys(keys, checkpoint_id=str(step_dir))
-    loader = items["dataloader"]
-    items["positions"] = {
-        int(k.removeprefix("dp_rank_")): pickle.loads(v)["dataset_state"]
-        for k, v in loader.items()
-        if k != "world_size"
-    }
-    return items
+        items = _load_state_dict_from_keys({"dataloader.position"}, checkpoint_id=str(step_dir))
+    return safe_metadata.dataloader_state(items["dataloader"]["position"], "position")
 
 
-def _resume_folder(root: Path, name: str, step_dir: Path) -> Path:
-    dump = root / name
-    shutil.copytree(step_dir, dump / "checkpoint" / step_dir.name)
-    return dump
+def _corpus_files(root: Path) -> Path:
+    folder = root / "corpus"
+    folder.mkdir()
+    rng = random.Random(7)
+    for f in range(4):
+        lines = []
+        for i in range(9):
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60)))
+            lines.append(json.dumps({"text": f"doc {f}.{i}: {words}"}) + "\n")
+        (folder / f"part-{f}.jsonl").write_text("".join(lines))
+    return folder
+
+
+def _streamed_texts(folder: Path):
+    while True:  # pass after pass: files in path order, every 3rd document held out
+        for path in sorted(folder.glob("*.jsonl")):
+            for i, line in enumerate(path.read_text().splitlines()):
+                if i % EVERY != EVERY - 1:
+                    yield json.loads(line)["text"]
 
 
 @pytest.fixture(scope="module")
-def corpus(corpus_dir):
-    """The training split's documents and the tokenizer the runs use."""
-    from datasets import load_from_disk
+def tokenizer():
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    docs = load_from_disk(str(corpus_dir / "train"))["text"]
-    return docs, HuggingFaceTokenizer(str(corpus_dir / "tokenizer"))
-
-
-def _after_one_step(corpus, first_doc: int, buffer: list[int]) -> tuple[int, list[int]]:
-    """(documents read, token buffer) after one step of BATCH sequences of SEQ + 1
-    tokens packed from ``buffer`` then the documents from ``first_doc`` on, as
-    torchtitan's text dataset packs them (bos + tokens + eos per document)."""
-    docs, tokenizer = corpus
-    buf, read, sequences = list(buffer), 0, 0
-    for text in docs[first_doc:]:
-        buf.extend(tokenizer.encode(text, add_bos=True, add_eos=True))
-        read += 1
-        while len(buf) >= SEQ + 1:
-            buf, sequences = buf[SEQ + 1 :], sequences + 1
-            if sequences == BATCH:
-                return read, buf
-    raise AssertionError("corpus too short")
-
-
-def _assert_same_stream(corpus, shard_start: int, a: dict, b: dict) -> None:
-    """Two saved positions in one shard read on the same tokens. A position is the
-    token buffer followed by the documents from ``sample_idx`` on; a resumed loader
-    reads one document before it yields from its buffer (torchtitan's loop), so the
-    same stream may be saved with one more document moved into the buffer."""
-    docs, tokenizer = corpus
-    if a["sample_idx"] > b["sample_idx"]:
-        a, b = b, a
-    buffer = list(a["token_buffer"])
-    for text in docs[shard_start + a["sample_idx"] : shard_start + b["sample_idx"]]:
-        buffer.extend(tokenizer.encode(text, add_bos=True, add_eos=True))
-    assert buffer == b["token_buffer"], (a["sample_idx"], b["sample_idx"])
+    return HuggingFaceTokenizer(str(REPO_ROOT / "data" / "boost_corpus" / "tokenizer"))
 
 
 @pytest.fixture(scope="module")
-def tp2_run(seed_checkpoint, tmp_path_factory):
-    """BTP TP2 (dp 1) from the shared seed checkpoint: 3 steps, checkpoints at 2 and 3."""
-    root = tmp_path_factory.mktemp("layout")
-    run = run_training(
-        TP2,
-        2,
-        root / "tp2",
-        *STEPS_3,
-        "--checkpoint.initial_load_path",
-        str(seed_checkpoint("debug_cola.toml")),
-        "--checkpoint.interval",
-        "2",
-    )
-    return root, run
+def embedded(corpus_dir, tmp_path_factory, tokenizer):
+    """The embedded corpus: uninterrupted dp 2, resumed at dp 1 as PP2 (2 workers) and
+    at dp 4."""
+    from datasets import load_from_disk
 
-
-@pytest.mark.slow
-def test_dp_change_is_refused_in_one_line(tp2_run):
-    root, full = tp2_run
-    step2 = full.dump_folder / "checkpoint" / "step-2"
-    dump = _resume_folder(root, "refused", step2)
-    run = run_training(TP2_FSDP2, 4, dump, *STEPS_3, expect_failure=True)
-    folder = dump / "checkpoint" / "step-2"
-    head = (
-        f"checkpoint {folder} was saved with data-parallel degree 1 (2 processes wrote it) "
-        "and this run's data-parallel degree is 2 (4 processes: dp_shard 2, tp 2): "
-    )
-    # each rank ends on the line itself (a SystemExit: no traceback)
-    lines = re.findall(rf"^\[rank(\d)\]:({re.escape(head)}.*)$", run.output, re.M)
-    assert sorted(rank for rank, _ in lines) == ["0", "1", "2", "3"], run.output[-4000:]
-    line = lines[0]
-    assert "Traceback" not in run.output
-    for way in (
-        "resume with data-parallel degree 1",
-        '[boost] data_resume = "reshard" (--boost.data_resume reshard)',
-        "--checkpoint.exclude_from_loading dataloader",
-    ):
-        assert way in line[1]
-    assert "Missing key in checkpoint state_dict" not in run.output
-    assert not run.loss  # refused before the first step
-    assert sorted(p.name for p in (dump / "checkpoint").iterdir()) == ["step-2"]
-
-
-@pytest.fixture(scope="module")
-def resharded_up(tp2_run):
-    """TP2 step 2 resumed as TP2 x FSDP2 (dp 1 -> 2) with data_resume = "reshard"."""
-    root, full = tp2_run
-    dump = _resume_folder(root, "up", full.dump_folder / "checkpoint" / "step-2")
-    run = run_training(TP2_FSDP2, 4, dump, *STEPS_3, "--boost.data_resume", "reshard")
-    return dump, run
-
-
-_COUNTS = re.compile(
-    r"data position resharded \(\[boost\] data_resume = \"reshard\"\), data-parallel degree "
-    r"(\d+) -> (\d+), checkpoint (\S+): the saved ranks had consumed (\d+) of (\d+) documents;"
-    r".*; (\d+) documents consumed before will be read again, (\d+) never-read documents are "
-    r"skipped, (\d+) buffered tokens are dropped"
-)
-
-
-@pytest.mark.slow
-def test_reshard_up_resumes_and_continues_the_stream(tp2_run, resharded_up, corpus):
-    _, full = tp2_run
-    dump, run = resharded_up
-    saved = _items(full.dump_folder / "checkpoint" / "step-2")["positions"]
-    n_docs = len(corpus[0])
-    m = _COUNTS.search(run.output)
-    assert m, run.output[-4000:]
-    consumed = saved[0]["sample_idx"]
-    assert m.groups() == (
-        "1", "2", str(dump / "checkpoint" / "step-2"), str(consumed), str(n_docs), "0", "0", "0"
-    )  # fmt: skip
-    assert sorted(run.loss[0]) == [3]  # the step resumed
-
-    after = _items(dump / "checkpoint" / "step-3")
-    reference = _items(full.dump_folder / "checkpoint" / "step-3")
-    assert after["train_state"]["step"] == 3
-    # the LR schedule resumed: same epoch and rate as the uninterrupted run's
-    for key in ("last_epoch", "_last_lr"):
-        assert after["lr_scheduler"][key] == reference["lr_scheduler"][key], key
-    # new rank 0 read on exactly where the saved rank stopped: after step 3 it stands
-    # where the uninterrupted TP2 run stands, token for token
-    _assert_same_stream(corpus, 0, after["positions"][0], reference["positions"][0])
-    # new rank 1 started its shard (the second half of the corpus) at its first document
-    second_half = contiguous_shards(n_docs, 2)[1][0]
-    read, buffer = _after_one_step(corpus, second_half, [])
-    assert after["positions"][1] == {"sample_idx": read, "token_buffer": buffer}
-
-
-@pytest.mark.slow
-def test_reshard_down_counts_what_is_repeated_and_skipped(tp2_run, resharded_up, corpus):
-    root, _ = tp2_run
-    up_dump, _ = resharded_up
-    step3 = up_dump / "checkpoint" / "step-3"
-    saved = _items(step3)["positions"]
-    dump = _resume_folder(root, "down", step3)
-    run = run_training(
-        TP2, 2, dump, *COMMON, "--training.steps", "4", "--boost.data_resume", "reshard"
-    )
-    # independent count, by sets of documents of the two saved shards
-    n_docs = len(corpus[0])
-    halves = contiguous_shards(n_docs, 2)
-    consumed = {
-        d
-        for (start, _), r in zip(halves, (0, 1))
-        for d in range(start, start + saved[r]["sample_idx"])
+    root = tmp_path_factory.mktemp("embedded")
+    full = _run(root, "full", _layout(2, 0), ())
+    step4 = full.dump_folder / "checkpoint" / "step-4"
+    resumed = {
+        "pp2_dp1": _run(root, "pp2_dp1", _layout(1, 2, pp=2), (), step4),
+        "dp4": _run(root, "dp4", _layout(4, 0), (), step4),
     }
-    position = len(consumed)  # the single new shard skips every consumed document
-    repeated = len(consumed - set(range(position)))
-    skipped = len(set(range(position)) - consumed)
-    dropped = sum(len(s["token_buffer"]) for s in saved.values())
-    assert repeated > 0  # rank 1's documents lie past rank 0's: this case costs something
-    m = _COUNTS.search(run.output)
-    assert m, run.output[-4000:]
-    assert m.groups() == (
-        "2", "1", str(dump / "checkpoint" / "step-3"), str(position), str(n_docs),
-        str(repeated), str(skipped), str(dropped),
+    docs = load_from_disk(str(corpus_dir / "train"))["text"]
+    return full, resumed, _reference(iter(docs), tokenizer, 8 * GLOBAL)
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory, tokenizer):
+    """A jsonl corpus streamed by 2 workers at dp 2, resumed at dp 1, dp 2 as TP2 (no
+    workers) and dp 4 (2 workers)."""
+    root = tmp_path_factory.mktemp("streamed")
+    folder = _corpus_files(root)
+    data = (
+        "--training.dataset", "local_text", "--training.dataset_path", str(folder),
+        "--training.dataset_holdout_every", str(EVERY),
     )  # fmt: skip
-    assert sorted(run.loss[0]) == [4]
-    read, buffer = _after_one_step(corpus, position, [])
-    after = _items(dump / "checkpoint" / "step-4")["positions"]
-    assert after == {0: {"sample_idx": position + read, "token_buffer": buffer}}
+    full = _run(root, "full", _layout(2, 2), data)
+    step4 = full.dump_folder / "checkpoint" / "step-4"
+    resumed = {
+        "dp1": _run(root, "dp1", _layout(1, 0), data, step4),
+        "tp2_dp2": _run(root, "tp2_dp2", _layout(2, 0, tp=2), data, step4),
+        "dp4": _run(root, "dp4", _layout(4, 2), data, step4),
+    }
+    return full, resumed, _reference(_streamed_texts(folder), tokenizer, 8 * GLOBAL)
+
+
+def _check_resumes(full, resumed, reference) -> None:
+    trained = _steps(full, 1)
+    assert sorted(trained) == list(range(1, 9))
+    for step, windows in trained.items():  # step s: global windows 8(s-1) .. 8s-1
+        assert sorted(windows) == list(range(GLOBAL * (step - 1), GLOBAL * step)), step
+        for i, tokens in windows.items():
+            assert tokens == reference[i], (step, i)
+    at_8 = _position(full.dump_folder / "checkpoint" / "step-8")
+    assert at_8["windows"] == 8 * GLOBAL and at_8["dp_world_size"] == 2
+    layout = ("dp_world_size", "local_batch_size")
+    for name, run in resumed.items():
+        assert sorted(run.loss[0]) == [5, 6, 7, 8], name  # resumed from step 4
+        assert _steps(run, 5) == {s: trained[s] for s in range(5, 9)}, name
+        for step in range(5, 9):
+            a, b = run.loss[0][step], full.loss[0][step]
+            assert abs(a - b) <= 1e-5 * abs(b), (name, step, a, b)
+        after = _position(run.dump_folder / "checkpoint" / "step-8")
+        assert {k: v for k, v in after.items() if k not in layout} == {
+            k: v for k, v in at_8.items() if k not in layout
+        }, name
 
 
 @pytest.mark.slow
-def test_excluding_the_data_loader_restarts_the_data(tp2_run, corpus):
-    root, full = tp2_run
-    dump = _resume_folder(root, "exclude", full.dump_folder / "checkpoint" / "step-2")
-    run = run_training(
-        TP2_FSDP2, 4, dump, *STEPS_3, "--checkpoint.exclude_from_loading", "dataloader"
+def test_embedded_resumed_at_dp_1_and_4_trains_on_the_same_global_batches(embedded):
+    full, resumed, reference = embedded
+    _check_resumes(full, resumed, reference)
+    line = "data position from the checkpoint: window 32 (pass 0, file 0 document "
+    assert line in resumed["dp4"].output
+    assert "saved at data-parallel degree 2 x local batch 4; this run (degree 4 x 2)" in (
+        resumed["dp4"].output
     )
-    assert sorted(run.loss[0]) == [3]
-    after = _items(dump / "checkpoint" / "step-3")["positions"]
-    for rank, (start, _) in enumerate(contiguous_shards(len(corpus[0]), 2)):
-        read, buffer = _after_one_step(corpus, start, [])
-        assert after[rank] == {"sample_idx": read, "token_buffer": buffer}
 
 
 @pytest.mark.slow
-def test_same_dp_degree_other_layout_resumes_exactly(tp2_run, corpus):
-    root, full = tp2_run
-    dump = _resume_folder(root, "one", full.dump_folder / "checkpoint" / "step-2")
-    run = run_training("debug_cola.toml", 1, dump, *STEPS_3)
-    assert "data position resharded" not in run.output
-    assert sorted(run.loss[0]) == [3]
-    # the same batch on the same weights: TP2's loss up to the reduction order
-    assert abs(run.loss[0][3] - full.loss[0][3]) <= 2e-4 * full.loss[0][3]
-    after = _items(dump / "checkpoint" / "step-3")
-    reference = _items(full.dump_folder / "checkpoint" / "step-3")
-    assert sorted(after["positions"]) == [0]
-    _assert_same_stream(corpus, 0, after["positions"][0], reference["positions"][0])
+def test_streamed_with_workers_resumes_at_dp_1_2_4(streamed):
+    full, resumed, reference = streamed
+    _check_resumes(full, resumed, reference)
+    assert "Dataset local_text is being re-looped" in resumed["dp1"].output  # passes go on
+    position = _position(full.dump_folder / "checkpoint" / "step-4")
+    assert position["epoch"] >= 1  # the checkpoint was saved after a re-loop

@@ -1,15 +1,17 @@
 """Your own corpus (``dataset = "local_text"``): streamed from its files with no cache
-copy, sharded over data-parallel ranks by file or by sample, resumed exactly (also
-after a re-loop of the corpus) at dp 2, its text field and the start-up refusals, and
+copy, read in the global order for training (every rank reads every file:
+``boost_titan.data.order``, its resume at other dp degrees in test_global_order.py and
+test_layout_resume.py) and sharded over data-parallel ranks by file or by sample for
+validation, resumed bitwise at dp 2, its text field and the start-up refusals, and
 validation on held-out files.
 
 Every corpus here is generated in ``tmp_path`` (a few KB). Without processes: what the
-loaders read (against the documents written), the sharding, resume after re-loops
-against an uninterrupted stream, the holdouts, the config-check errors. Real runs (4
-launches, 2 gloo ranks, FSDP2, 4 steps, a checkpoint at step 2): a folder corpus sharded
-by file with one file held out for validation, and a one-file corpus sharded by sample
-with every 4th document held out, each resumed from step 2 and compared bitwise with the
-uninterrupted run."""
+loaders read (against the documents written), the validation sharding, the holdouts,
+a resume over changed files refused, the config-check errors. Real runs (3 launches, 2
+gloo ranks, FSDP2, 4 steps, a checkpoint at step 2): a folder corpus with one file held
+out for validation, resumed from step 2 and compared bitwise with the uninterrupted run
+(re-loops of the corpus on both sides of the checkpoint), and a one-file corpus with
+every 4th document held out, validated by sample."""
 
 from __future__ import annotations
 
@@ -277,42 +279,6 @@ def test_sharding_by_file_or_by_sample(tmp_path):
     )
 
 
-def test_resume_is_exact_after_reloops(tmp_path):
-    """A checkpointed stream position, loaded into a new loader, continues with the
-    uninterrupted stream's batches: positions in the first pass and after 1..4
-    re-loops, by file (4 files) and by sample (3 files), both ranks. torchtitan's own
-    load did not restore the epoch: its resumes after a re-loop restart the corpus
-    (checked here as the reference that the test can fail)."""
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
-
-    for i in range(4):
-        _write(tmp_path / "c" / f"p{i}.jsonl", "jsonl", _docs(20 + i, 3, words=12))
-    four = find_corpus(str(tmp_path / "c"))
-    three = local_text.Corpus(four.path, four.kind, four.files[:3])
-    for corpus in (four, three, split_every(three, 2)[0]):
-        for rank in (0, 1):
-            it = iter(_dataset(corpus, rank))
-            reference = [next(it)[1].tolist() for _ in range(30)]
-            epochs = []
-            for k in (2, 7, 13, 21):
-                ds = _dataset(corpus, rank)
-                it = iter(ds)
-                for _ in range(k):
-                    next(it)
-                state = pickle.loads(pickle.dumps(ds.state_dict()))
-                epochs.append(state["data"]["epoch"])
-                resumed = _dataset(corpus, rank)
-                resumed.load_state_dict(state)
-                it = iter(resumed)
-                assert [next(it)[1].tolist() for _ in range(30 - k)] == reference[k:], (k, rank)
-                if state["data"]["epoch"] > 0:  # torchtitan's load: from the corpus' start
-                    plain = _dataset(corpus, rank)
-                    HuggingFaceTextDataset.load_state_dict(plain, state)
-                    it = iter(plain)
-                    assert [next(it)[1].tolist() for _ in range(30 - k)] != reference[k:]
-            assert epochs[0] == 0 and epochs[-1] >= 3, epochs  # re-looped several times
-
-
 def _tokens(docs: list[str]) -> list[int]:
     tok = _tokenizer()
     return [t for d in docs for t in tok.encode(d, add_bos=True, add_eos=True)]
@@ -327,11 +293,14 @@ def _packed_batches(docs: list[str], seq_len: int, batch: int) -> list[list[list
 
 
 def _loader(corpus, rank, world, workers, infinite=True, seq_len=16):
-    from boost_titan.data.loader import LocalTextDataloader, LocalTextDataset
+    """The validation loader of ``boost_titan.data.loader`` (a rank's share)."""
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+
+    from boost_titan.data.loader import LocalTextDataset
 
     tok = _tokenizer()
     ds = LocalTextDataset("local_text", corpus, tok, seq_len, rank, world, infinite, workers)
-    return LocalTextDataloader(
+    return ParallelAwareDataloader(
         ds, dp_rank=rank, dp_world_size=world, batch_size=2, num_workers=workers
     )
 
@@ -352,15 +321,14 @@ def _workers_corpora(tmp_path):
     return [(four, 2, per_file), (three, 2, per_file[:3]), (four, 1, per_file)]
 
 
-def test_dataloader_workers_read_each_document_once_and_resume_exactly(tmp_path):
-    """[training.dataloader] num_workers = 2 over the stream: (a) one pass (infinite =
-    False) is each worker's files read once, round-robin by batch, against the packing
-    written out here from the documents (each worker reads files w, w + 2, ... of its
-    rank's files; by sample it keeps every dp-th document of its own stream); (b)
-    interrupted after K batches (also after re-loops), a new loader continues with the
-    uninterrupted loader's batches; (c) the same loader twice gives the same batches.
-    Before LocalTextDataset kept its epoch per process and copied its token buffer,
-    (b) failed for every K and (c) for one rank (the workers shared datasets' epoch)."""
+def test_validation_workers_read_each_document_once(tmp_path):
+    """[validation.dataloader] num_workers = 2 over the stream (each rank its share):
+    (a) one pass (infinite = False) is each worker's files read once, round-robin by
+    batch, against the packing written out here from the documents (each worker reads
+    files w, w + 2, ... of its rank's files; by sample it keeps every dp-th document of
+    its own stream); (c) the same endless loader (validation with ``steps`` set) twice
+    gives the same batches, re-loops included. Before LocalTextDataset kept its epoch
+    per process, (c) failed for one rank (the workers shared datasets' epoch)."""
     from boost_titan.data.loader import describe_share
 
     for corpus, world, per_file in _workers_corpora(tmp_path):
@@ -379,20 +347,9 @@ def test_dataloader_workers_read_each_document_once_and_resume_exactly(tmp_path)
                 expected += [s[i] for s in streams if i < len(s)]
             one_pass = [b[1].tolist() for b in _loader(corpus, rank, world, 2, infinite=False)]
             assert one_pass == expected, (world, rank)
-            n = 40
+            n = 40  # several passes of each worker's files
             reference = _take(iter(_loader(corpus, rank, world, 2)), n)
             assert _take(iter(_loader(corpus, rank, world, 2)), n) == reference  # (c)
-            epochs = []
-            for k in (3, 12, 27):
-                loader = _loader(corpus, rank, world, 2)
-                _take(iter(loader), k)
-                state = pickle.loads(pickle.dumps(loader.state_dict()))
-                workers = pickle.loads(state[f"dp_rank_{rank}"])["_snapshot"]["_worker_snapshots"]
-                epochs += [w["dataset_state"]["data"]["epoch"] for w in workers.values()]
-                resumed = _loader(corpus, rank, world, 2)
-                resumed.load_state_dict(state)
-                assert _take(iter(resumed), n - k) == reference[k:], (world, rank, k)
-            assert max(epochs) >= 2, epochs  # resumed after re-loops of both workers
         assert describe_share(corpus, "local_text", None, world - 1, world, 2).endswith(
             {
                 (2, True): "rank 1 reads 2 files (p1.jsonl, p3.jsonl), in 2 DataLoader workers "
@@ -409,12 +366,23 @@ def test_dataloader_workers_read_each_document_once_and_resume_exactly(tmp_path)
         assert sorted(read) == sorted(d for f in per_file for d in f), world
 
 
+def _training_loader(corpus, world=1):
+    """The training loader (the global order) of rank 0 of ``world``, local batch 2."""
+    from boost_titan.data.fingerprint import fingerprint
+    from boost_titan.data.global_loader import GlobalOrderLoader
+    from boost_titan.data.sources import FileSource
+
+    return GlobalOrderLoader(
+        "local_text", FileSource("local_text", corpus), _tokenizer(), seq_len=16,
+        local_batch_size=2, dp_rank=0, dp_world_size=world, fingerprint=fingerprint(corpus),
+    )  # fmt: skip
+
+
 def test_resume_over_changed_files_is_refused_in_one_line(tmp_path):
-    """A saved stream position records its files (names, sizes), the holdout and the dp
-    degree; a resume over other files stops with one line naming the change (a
-    SystemExit: no traceback per rank), also with DataLoader workers (checked in the
-    main process, before a worker loads it). The same files copied elsewhere (new path,
-    new mtimes) and a state saved before the fingerprint existed resume exactly."""
+    """A saved position records its files (names, sizes) and the holdout; a resume over
+    other files stops with one line naming the change (a SystemExit: no traceback per
+    rank). The same files copied elsewhere (new path, new mtimes) resume exactly, at
+    another data-parallel degree too."""
     from boost_titan.checkpoint.data_position import DataResumeError
     from boost_titan.data.fingerprint import KEY
 
@@ -422,31 +390,28 @@ def test_resume_over_changed_files_is_refused_in_one_line(tmp_path):
     for i in range(4):
         _write(root / f"p{i}.jsonl", "jsonl", _docs(70 + i, 3, words=12))
     corpus = find_corpus(str(root))
-    it = iter(_dataset(corpus, 0))
-    reference = [next(it)[1].tolist() for _ in range(12)]
-    ds = _dataset(corpus, 0)
-    it = iter(ds)
-    for _ in range(5):
-        next(it)
-    state = pickle.loads(pickle.dumps(ds.state_dict()))
-    assert state[KEY]["files"] == [[f"p{i}.jsonl", (root / f"p{i}.jsonl").stat().st_size]
-                                   for i in range(4)]  # fmt: skip
+    reference = _take(iter(_training_loader(corpus)), 12)
+    loader = _training_loader(corpus, world=2)
+    _take(iter(loader), 5)  # 20 windows (dp 2): rank 0's batches 0, 2, ...
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    assert pickle.loads(state["position"])[KEY] == {
+        "dataset": "local_text",
+        "files": [[f"p{i}.jsonl", (root / f"p{i}.jsonl").stat().st_size] for i in range(4)],
+        "holdout_every": 0,
+    }
 
-    def resume(folder, state, *, every=0, rank=0, world=2):
+    def resume(folder, state, *, every=0):
         c = find_corpus(str(folder))
         c = split_every(c, every)[0] if every else c
-        ds = _dataset(c, rank, world)
-        ds.load_state_dict(pickle.loads(pickle.dumps(state)))  # (it reuses the buffer)
-        it = iter(ds)
-        return [next(it)[1].tolist() for _ in range(7)]
+        loader = _training_loader(c)
+        loader.load_state_dict(pickle.loads(pickle.dumps(state)))
+        return _take(iter(loader), 2)
 
     copy = tmp_path / "copy"  # another path, new mtimes: the same position
     copy.mkdir()
     for f in root.iterdir():
         (copy / f.name).write_bytes(f.read_bytes())
-    assert resume(copy, state) == reference[5:]
-    old = {k: v for k, v in state.items() if k != KEY}  # saved before the fingerprint
-    assert resume(root, old) == reference[5:]
+    assert resume(copy, state) == reference[10:12]
 
     def changed(edit) -> str:
         folder = tmp_path / f"edit{len(list(tmp_path.iterdir()))}"
@@ -485,25 +450,6 @@ def test_resume_over_changed_files_is_refused_in_one_line(tmp_path):
     assert "[training] dataset_holdout_every was 0 at the checkpoint, now 3;" in changed(
         lambda f: 3
     )
-    with pytest.raises(DataResumeError, match=r"data-parallel degree was 2 at the checkpoint, "):
-        resume(root, state, world=1)
-    # with DataLoader workers: refused in this process, before any worker loads it
-    loader = _loader(corpus, 0, 2, 2)
-    _take(iter(loader), 3)
-    saved = pickle.loads(pickle.dumps(loader.state_dict()))
-    grown = tmp_path / "grown"
-    shutil.copytree(root, grown)
-    grow(grown)
-    with pytest.raises(DataResumeError, match=r"p2.jsonl was \d+ bytes at the checkpoint"):
-        _loader(find_corpus(str(grown)), 0, 2, 2).load_state_dict(saved)
-    with pytest.raises(DataResumeError) as e:  # torchdata's own: a bare AssertionError
-        _loader(corpus, 0, 2, 0).load_state_dict(saved)
-    assert str(e.value) == (
-        "local_text: the checkpoint's data position was saved with [training.dataloader] "
-        "num_workers = 2 (one position per worker), this run has num_workers = 0; resume "
-        "with num_workers = 2, or keep the model, optimizer and step and restart the data "
-        "from its first document with --checkpoint.exclude_from_loading dataloader"
-    )
 
 
 def test_an_empty_share_stops_in_one_line(tmp_path):
@@ -513,21 +459,6 @@ def test_an_empty_share_stops_in_one_line(tmp_path):
         CorpusError, match=r"this data-parallel rank's share of the corpus holds no document"
     ):
         next(iter(_dataset(find_corpus(str(path)), 1)))
-
-
-def test_reshard_refuses_a_streamed_local_text(tmp_path):
-    from boost_titan.checkpoint.data_position import DataResumeError, _check_reshardable
-
-    path = _write(tmp_path / "c.jsonl", "jsonl", _docs(6, 4))
-
-    class Loader:
-        num_workers = 0
-        dataset = _dataset(find_corpus(str(path)), 0)
-
-    with pytest.raises(
-        DataResumeError, match=r"dataset 'local_text' is streamed \(IterableDataset\)"
-    ):
-        _check_reshardable(Loader, "ckpt/step-2")
 
 
 def test_holdout_files_are_disjoint_from_training(tmp_path):
@@ -569,7 +500,7 @@ def test_startup_refusals(tmp_path):
     for i in range(3):
         _write(good / f"p{i}.jsonl", "jsonl", _docs(40 + i, 2))
     _check("--training.dataset_path", str(good), "--validation.no-enable")  # accepted
-    _check(  # 3 files: a file for each of 2 DataLoader workers
+    _check(  # 3 files, 2 DataLoader workers
         "--training.dataset_path", str(good), "--validation.no-enable",
         "--training.dataloader.num_workers", "2",
     )  # fmt: skip
@@ -594,15 +525,11 @@ def test_startup_refusals(tmp_path):
     field = _write(tmp_path / "field.jsonl", "jsonl", _docs(1, 2), field="body")
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": \n{"text": "ok"}\n')
+    # one file, 2 DataLoader workers: the workers tokenize chunks of the one stream in
+    # turn (a worker read whole files of a rank's shard before the global order: refused)
+    _check("--training.dataset_path", str(field), "--training.dataset_text_field", "body",
+           "--validation.no-enable", "--training.dataloader.num_workers", "2")  # fmt: skip
     cases = [
-        (  # one file, 2 DataLoader workers: one would read nothing, forever
-            ("--training.dataset_path", str(field), "--training.dataset_text_field", "body",
-             "--validation.no-enable", "--training.dataloader.num_workers", "2"),
-            "[training.dataloader] num_workers = 2: each data-parallel rank (1 in all) "
-            f"streams 1 of the 1 files of '{field}' and a DataLoader worker reads whole files, "
-            "so 1 worker(s) per rank would have none; set num_workers <= 1, or split the "
-            "corpus into more files",
-        ),
         (
             ("--training.dataset_path", str(field), "--validation.no-enable"),
             f"[training] dataset_path = '{field}' (local_text): {field} line 1 has no text "
@@ -755,8 +682,8 @@ def runs(tmp_path_factory):
         "--validation.dataset", "local_text_holdout", "--validation.steps", "1",
         "--validation.freq", "2",
     )  # fmt: skip
-    by_sample = _full_and_resumed(  # every 4th document held out for validation
-        root, "by_sample",
+    by_sample = run_training(  # every 4th document held out, validated by sample
+        CONFIG, 2, root / "by_sample", *RUN,
         "--training.dataset", "local_text", "--training.dataset_path", str(one),
         "--training.dataset_holdout_every", "4",
         "--validation.dataset", "local_text_holdout", "--validation.steps", "1",
@@ -767,8 +694,8 @@ def runs(tmp_path_factory):
 
 @pytest.mark.slow
 def test_dp2_resume_is_bitwise_with_reloops(runs):
-    folder, one, *pairs = runs
-    for full, resumed in pairs:
+    folder, one, by_file, _ = runs
+    for full, resumed in (by_file,):
         assert sorted(resumed.loss[0]) == [3, 4]  # resumed from step 2
         for rank in (0, 1):
             assert resumed.loss[rank] == {s: full.loss[rank][s] for s in (3, 4)}
@@ -785,22 +712,28 @@ def test_dp2_resume_is_bitwise_with_reloops(runs):
 
 @pytest.mark.slow
 def test_dp2_log_lines_and_holdout_validation(runs):
-    folder, one, (full, _), (sample_full, _) = runs
-    head = f"local_text: {folder}: 4 .jsonl files (json, text field 'text', 1 more held out for validation), streamed (read as training consumes them, no cache copy), sharded by file over 2 data-parallel ranks (4 files divide by 2): "  # noqa: E501
+    folder, one, (full, _), sample_full = runs
+    streamed = "streamed (read as training consumes them, no cache copy)"
+    order = (
+        "read in one global order: every data-parallel rank reads every document in order "
+        "and packs the same windows of 257 tokens; a global batch is 8 windows (4 per rank x "
+        "2 ranks) and rank {} trains on windows {} of each"
+    )
+    head = f"local_text: {folder}: 4 .jsonl files (json, text field 'text', 1 more held out for validation), {streamed}, "  # noqa: E501
     out = full.output
-    assert head + "rank 0 reads 2 files (part-000.jsonl, part-002.jsonl)" in out
-    assert head + "rank 1 reads 2 files (part-001.jsonl, part-003.jsonl)" in out
-    held = f"local_text_holdout: {folder}: 1 .jsonl file (json, text field 'text'), streamed (read as training consumes them, no cache copy), sharded by sample over 2 data-parallel ranks (1 file does not divide by 2): rank {{}} reads the 1 file"  # noqa: E501
+    assert head + order.format(0, "0..3") in out
+    assert head + order.format(1, "4..7") in out
+    held = f"local_text_holdout: {folder}: 1 .jsonl file (json, text field 'text'), {streamed}, sharded by sample over 2 data-parallel ranks (1 file does not divide by 2): rank {{}} reads the 1 file"  # noqa: E501
     assert held.format(0) in out and held.format(1) in out
     assert "part-004" not in out.split("local_text_holdout:")[0]  # training never names it
     assert sorted(full.val_loss[0]) == [1, 2, 4]  # validation ran on the held-out file
-    tail = "streamed (read as training consumes them, no cache copy), sharded by sample over 2 data-parallel ranks (1 file does not divide by 2): rank 0 reads the 1 file and keeps every 2nd document from the 1st"  # noqa: E501
+    tail = "sharded by sample over 2 data-parallel ranks (1 file does not divide by 2): rank 0 reads the 1 file and keeps every 2nd document from the 1st"  # noqa: E501
     out = sample_full.output
     every = "every 4th document of each file"
     train = f"local_text: {one}: 1 .jsonl file (json, text field 'text', {every} held out"
     val = f"local_text_holdout: {one}: 1 .jsonl file (json, text field 'text', only {every}:"
-    assert f"{train} for validation), {tail}" in out
-    assert f"{val} held out for validation), {tail}" in out
+    assert f"{train} for validation), {streamed}, {order.format(0, '0..3')}" in out
+    assert f"{val} held out for validation), {streamed}, {tail}" in out
     assert sorted(sample_full.val_loss[0]) == [1, 2, 4]
 
 
@@ -834,3 +767,16 @@ def test_dp2_resume_over_changed_files(runs, tmp_path):
         "--checkpoint.exclude_from_loading", "dataloader",
     )  # fmt: skip
     assert sorted(restarted.loss[0]) == [3, 4]
+    # the data restarted at its first window: 2 steps of 8 windows after it, not 4
+    assert _dataloader_position(tmp_path / "restarted" / "checkpoint" / "step-4")["windows"] == 16
+
+
+def _dataloader_position(step_dir: Path) -> dict:
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    from boost_titan.checkpoint import safe_metadata
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is unavailable")
+        items = _load_state_dict_from_keys({"dataloader.position"}, checkpoint_id=str(step_dir))
+    return safe_metadata.dataloader_state(items["dataloader"]["position"], "position")

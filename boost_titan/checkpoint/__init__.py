@@ -6,7 +6,7 @@
     folder         a checkpoint folder's complete steps and what each holds
     integrity/     checksums: written by every save, verified by every load; ``verify``
     safe_metadata  DCP's pickles read with allowlists: loading runs no code
-    data_position  the data loader's position in a step, and resuming it on another dp
+    data_position  the data loader's position in a step, checked before DCP reads it
     files          files and folders that appear whole or not at all
     export         a step's model weights to one safetensors file and back
     hf/            Hugging Face layouts, folders, torchtitan's adapters

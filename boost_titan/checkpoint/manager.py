@@ -7,8 +7,8 @@ method                      what boost_titan adds                       where th
 ``load``                    a corrupted newest step is set aside and    ``integrity``
                             the step before it loaded; the log says
                             what was loaded (below)
-``dcp_load``                another data-parallel degree: refused in    ``data_resume``
-                            one line, or each rank re-positioned
+``dcp_load``                the data position checked against this      ``data_position``
+                            run's loader (old kinds refused in one line)
 ``dcp_save``,               a save failing on the disk ends the run     ``checkpoint_save``
 ``_async_wait``             on one line, the partial folder removed
 ``save``                    the initial_load_path record; exactly       here
@@ -72,9 +72,7 @@ class BoostCheckpointManager(CheckpointManager):
         """The run's checkpoint policies, once the trainer is built (collective: every
         rank; the start-time disk-space check happens here)."""
         self.save_guard = checkpoint_save.guard(trainer, injector)
-        self.data_position = DataPosition.for_run(
-            trainer.dataloader, trainer.parallel_dims, trainer.job_config.boost.data_resume
-        )
+        self.data_position = DataPosition.for_run(trainer.dataloader, trainer.parallel_dims)
 
     # ------------------------------------------------------------------ load
     def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:

@@ -12,10 +12,10 @@ local_text_holdout  ``[validation]`` only: what ``[training] dataset_holdout_fil
                     (the last N files) or ``dataset_holdout_every`` (every N-th
                     document of each file) holds out of the training corpus
 
-Which is used when, the sharding over data-parallel ranks (by file when the file count
-divides by the dp degree, else by sample) and exact resume: ``boost_titan.data.loader``,
-which builds the local loaders and logs one line per rank at start saying which reading,
-sharding and share it uses. The files and checks: ``boost_titan.data.local_text``.
+Training reads every one of them in one global order, the same at every layout
+(``boost_titan.data.order``); validation reads a rank's share. Which loader reads what:
+``boost_titan.data.loader``, which logs one line per rank at start saying which reading
+it uses. The files and checks: ``boost_titan.data.local_text``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ added, removed or renamed shifts every index after it (and the by-file / by-samp
 sharding rule and datasets' per-pass file order are functions of the file list), a
 resized file moves document boundaries, another holdout setting changes which
 documents count. :func:`fingerprint` records the training corpus' files (names relative
-to ``dataset_path``, sizes in bytes), the holdout and the data-parallel degree in each
-saved state; :func:`check` compares it with the files read now and refuses a change in
+to ``dataset_path``, sizes in bytes) and the holdout in each saved position (the
+data-parallel degree is not part of it: the global order is the same at every degree,
+``boost_titan.data.order``); :func:`check` compares it with the files read now and refuses a change in
 one line (:class:`~boost_titan.checkpoint.data_position.DataResumeError`: a SystemExit, no
 traceback per rank) naming what changed and the ways forward.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 from boost_titan.data.local_text import Corpus
 
-KEY = "corpus"  # the fingerprint's key in LocalTextDataset.state_dict()
+KEY = "corpus"  # the fingerprint's key in a saved position
 RESTART = (
     "keep the model, optimizer and step and restart the data from its first document "
     "with --checkpoint.exclude_from_loading dataloader"
@@ -38,12 +39,11 @@ def _relative(corpus: Corpus, file: str) -> str:
     return os.path.relpath(file, root)
 
 
-def fingerprint(corpus: Corpus, dp_world_size: int) -> dict[str, Any]:
+def fingerprint(corpus: Corpus) -> dict[str, Any]:
     """Plain data (lists, str, int: what ``safe_metadata.dataloader_state`` unpickles)."""
     return {
         "files": [[_relative(corpus, f), os.path.getsize(f)] for f in corpus.files],
         "holdout_every": corpus.holdout_every,
-        "dp_world_size": dp_world_size,
     }
 
 
@@ -66,19 +66,22 @@ def differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
             out.append(f"{name} was {before[name]} bytes at the checkpoint, now {after[name]}")
     if not out and [n for n, _ in saved["files"]] != [n for n, _ in now["files"]]:
         out.append("the files are the same but in another order")
-    for key, what in (
-        ("holdout_every", "[training] dataset_holdout_every"),
-        ("dp_world_size", "the data-parallel degree"),
-    ):
-        if saved.get(key) != now.get(key):
-            out.append(f"{what} was {saved.get(key)} at the checkpoint, now {now.get(key)}")
+    if saved.get("holdout_every") != now.get("holdout_every"):
+        out.append(
+            f"[training] dataset_holdout_every was {saved.get('holdout_every')} at the "
+            f"checkpoint, now {now.get('holdout_every')}"
+        )
     return out
 
 
 def check(saved: dict[str, Any] | None, now: dict[str, Any], name: str, path: str) -> None:
-    """Raise :class:`DataResumeError` when ``saved`` (None: an old checkpoint, loaded as
-    before) does not describe the files read now."""
-    if saved is None or saved == now:
+    """Raise :class:`DataResumeError` when ``saved`` (None: a checkpoint saved before
+    fingerprints, loaded as before) does not describe the files read now (the
+    data-parallel degree that checkpoints of the per-rank loaders recorded is ignored)."""
+    if saved is None:
+        return
+    saved = {k: v for k, v in saved.items() if k != "dp_world_size"}
+    if saved == now:
         return
     from boost_titan.checkpoint.data_position import DataResumeError
 

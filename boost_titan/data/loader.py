@@ -1,34 +1,31 @@
-"""Data loaders for ``local_text`` / ``local_text_holdout`` (training and validation);
-torchtitan's own loader for every other dataset.
+"""Which loader reads ``[training] dataset`` and ``[validation] dataset``.
 
-Which reading is used, stated on every rank in one log line at start
-(:func:`describe_share`):
+**Training** (:func:`build_dataloader`): the global order (``boost_titan.data.order``,
+``boost_titan.data.global_loader``) for every dataset boost_titan reads itself:
+``boost_corpus``, ``local_text`` (a ``save_to_disk`` folder read map-style, or files
+streamed by ``boost_titan.data.sources``) and any registered dataset whose loader returns
+a map-style ``datasets.Dataset``. Every data-parallel rank reads the whole corpus in
+order and trains on its slice of each global batch; the position is one for all ranks
+and resumes at any dp degree. A Hugging Face streaming dataset of torchtitan's registry
+(``c4``) keeps torchtitan's per-rank loader (its position resumes only at its own dp
+degree, ``boost_titan.checkpoint.data_position``). One log line per rank at start says
+which reading it uses.
 
-* **map-style** for a ``save_to_disk`` folder (already Arrow on disk, memory-mapped, no
-  copy): each data-parallel rank reads a contiguous range of documents
+**Validation** (:func:`build_validation_dataloader`): a finite pass, each rank over its
+own share of the documents (never checkpointed, so no order to keep across layouts):
+
+* **map-style** for a ``save_to_disk`` folder (memory-mapped, no copy): each
+  data-parallel rank reads a contiguous range of documents
   (``datasets.distributed.split_dataset_by_node`` on a ``Dataset``);
-* **streamed** for files (``boost_titan.data.local_text.stream``): one shard per file. When
-  the file count divides by the data-parallel degree the ranks share **by file** (rank
-  r reads files r, r + dp, r + 2 dp, ... in path order); otherwise **by sample** (every
-  rank reads every file and keeps every dp-th document, from its r-th). That is datasets'
-  ``split_dataset_by_node`` rule for an ``IterableDataset``; the log line says which.
+* **streamed** for files (``boost_titan.data.local_text.stream``): one shard per file.
+  When the file count divides by the data-parallel degree the ranks share **by file**
+  (rank r reads files r, r + dp, r + 2 dp, ... in path order); otherwise **by sample**
+  (every rank reads every file and keeps every dp-th document, from its r-th). That is
+  datasets' ``split_dataset_by_node`` rule for an ``IterableDataset``; the log line
+  (:func:`describe_share`) says which. With DataLoader workers, datasets gives each
+  worker whole files of the rank's share.
 
-Exact resume: a streamed position is (epoch, file, documents read in it) plus the
-tokens read but not yet trained on. torchtitan's text dataset re-loops an endless
-stream by bumping the ``IterableDataset``'s epoch, and datasets only applies a loaded
-position when the dataset's epoch equals the saved one; torchtitan's
-``load_state_dict`` does not restore the epoch, so a checkpoint saved after the first
-re-loop (epoch >= 1) resumed from the corpus' start. :class:`LocalTextDataset` restores
-it. It also stops, in one line, a rank whose share holds no document (an endless loop
-over nothing would hang the run). Each saved position records the files it is over
-(:mod:`boost_titan.data.fingerprint`): a resume over changed files is refused.
-
-DataLoader workers (``[training.dataloader] num_workers``): datasets gives each worker
-whole files of the rank's share; :class:`LocalTextDataset` keeps the pass counter per
-process and saves a copy of its token buffer, without which the workers' order and
-resume depended on timing; :class:`LocalTextDataloader` checks a saved position in the
-main process (a worker's refusal would be a traceback); :func:`check_stream_workers`
-refuses more workers than a rank has files.
+Every other validation dataset is torchtitan's loader.
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ from operator import itemgetter
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import (
     HuggingFaceTextDataset,
+    _validate_dataset,
     build_text_dataloader,
 )
 from torchtitan.hf_datasets.text_datasets import (
@@ -48,7 +46,9 @@ from torchtitan.tools.logging import logger
 
 from boost_titan.data import fingerprint
 from boost_titan.data import local_text
+from boost_titan.data.global_loader import GlobalOrderLoader
 from boost_titan.data.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, Corpus
+from boost_titan.data.sources import FileSource, SavedSource
 from boost_titan.data.workers import check_workers
 
 
@@ -62,25 +62,16 @@ def _names(files) -> str:
     return shown + (f", ... ({len(files)} in all)" if len(files) > 3 else "")
 
 
-def describe_share(
-    corpus: Corpus, name: str, n_docs: int | None, rank: int, world: int, workers: int = 0
-) -> str:
-    """The one log line of a local corpus: files, format, streamed or map-style, the
-    sharding rule and this rank's share."""
+def corpus_summary(corpus: Corpus, name: str, n_docs: int | None) -> str:
+    """``name: path: what it is`` (files, format, streamed or map-style)."""
     head = f"{name}: {corpus.path}"
     if not corpus.streamed:
-        div, mod = divmod(n_docs, world)
-        start = div * rank + min(rank, mod)
-        end = start + div + (1 if rank < mod else 0)
         return (
             f"{head}: a save_to_disk folder of {n_docs} documents (text field "
-            f"{corpus.text_field!r}), map-style (memory-mapped Arrow, no copy), sharded by "
-            f"document range over {world} data-parallel ranks: rank {rank} reads documents "
-            f"{start}..{end - 1}"
+            f"{corpus.text_field!r}), map-style (memory-mapped Arrow, no copy)"
         )
     n = len(corpus.files)
     plural = "s" if n > 1 else ""
-    files = f"{n} file{plural}"
     held = f", {corpus.held_out} more held out for validation" if corpus.held_out else ""
     if corpus.holdout_every:
         nth = _ordinal(corpus.holdout_every)
@@ -89,21 +80,39 @@ def describe_share(
             if corpus.held
             else f", every {nth} document of each file held out for validation"
         )
-    what = (
-        f"{n} {corpus.suffixes()} file{plural} ({corpus.kind}, text field "
+    return (
+        f"{head}: {n} {corpus.suffixes()} file{plural} ({corpus.kind}, text field "
         f"{corpus.text_field!r}{held}), streamed (read as training consumes them, no cache copy)"
     )
+
+
+def describe_share(
+    corpus: Corpus, name: str, n_docs: int | None, rank: int, world: int, workers: int = 0
+) -> str:
+    """The one log line of a validation loader over a local corpus: what it is, the
+    sharding rule and this rank's share."""
+    what = corpus_summary(corpus, name, n_docs)
+    if not corpus.streamed:
+        div, mod = divmod(n_docs, world)
+        start = div * rank + min(rank, mod)
+        end = start + div + (1 if rank < mod else 0)
+        return (
+            f"{what}, sharded by document range over {world} data-parallel ranks: rank "
+            f"{rank} reads documents {start}..{end - 1}"
+        )
+    n = len(corpus.files)
+    files = f"{n} file{'s' if n > 1 else ''}"
     if world == 1:
-        share = f"{head}: {what}, one data-parallel rank: rank 0 reads every file"
+        share = f"{what}, one data-parallel rank: rank 0 reads every file"
     elif n % world == 0:
         mine = list(corpus.files[rank::world])
         share = (
-            f"{head}: {what}, sharded by file over {world} data-parallel ranks ({files} "
+            f"{what}, sharded by file over {world} data-parallel ranks ({files} "
             f"divide by {world}): rank {rank} reads {len(mine)} files ({_names(mine)})"
         )
     else:
         share = (
-            f"{head}: {what}, sharded by sample over {world} data-parallel ranks ({files} "
+            f"{what}, sharded by sample over {world} data-parallel ranks ({files} "
             f"{'does' if n == 1 else 'do'} not divide by {world}): rank {rank} reads "
             f"{'the' if n == 1 else 'all'} {files} and keeps every {_ordinal(world)} document "
             f"from the {_ordinal(rank + 1)}"
@@ -129,8 +138,8 @@ def corpus_is_map_style(data) -> bool:
 
 
 class LocalTextDataset(HuggingFaceTextDataset):
-    """torchtitan's text dataset over a local corpus, with the streamed position's epoch
-    restored on resume and an empty share refused."""
+    """torchtitan's text dataset over this rank's share of a local corpus (validation),
+    with an empty share refused and the pass counter kept per process."""
 
     def __init__(
         self, name, corpus, tokenizer, seq_len, dp_rank, dp_world_size, infinite, workers=0
@@ -151,11 +160,6 @@ class LocalTextDataset(HuggingFaceTextDataset):
         self._sample_idx = 0
         self._token_buffer: list[int] = []
         self._empty_passes = 0
-        self._corpus_path = corpus.path
-        # the files this position is over, saved with it and checked on resume
-        self._fingerprint = (
-            fingerprint.fingerprint(corpus, dp_world_size) if corpus.streamed else None
-        )
         self._share = describe_share(
             corpus,
             name,
@@ -185,41 +189,15 @@ class LocalTextDataset(HuggingFaceTextDataset):
         self._own_epoch()
         yield from super().__iter__()
 
-    def _own_epoch(self, epoch: int | None = None) -> None:
-        """Give this process its own pass counter. datasets keeps an IterableDataset's
-        epoch in a shared-memory tensor that every DataLoader worker forked from this
-        dataset shares: each worker's re-loop (torchtitan's ``set_epoch(epoch + 1)``)
-        would bump the others' epoch, which picks the file order of their next pass
-        (datasets shuffles the files by epoch) and keys their resume, so the batches
-        depended on the workers' timing and a resume was not exact."""
+    def _own_epoch(self) -> None:
+        """Give this process its own pass counter (validation with ``steps`` set loops
+        endlessly). datasets keeps an IterableDataset's epoch in a shared-memory tensor
+        that every DataLoader worker forked from this dataset shares: each worker's
+        re-loop (torchtitan's ``set_epoch(epoch + 1)``) would bump the others' epoch,
+        which picks the file order of their next pass, so the batches depended on the
+        workers' timing."""
         if not corpus_is_map_style(self._data):
-            self._data._epoch = int(self._data._epoch if epoch is None else epoch)
-
-    def state_dict(self):
-        state = super().state_dict()
-        # torchtitan returns its live token buffer, which __iter__ extends in place: a
-        # DataLoader worker's state is pickled by its queue's feeder thread while the
-        # worker goes on reading, so the saved buffer could hold later tokens.
-        state["token_buffer"] = list(state["token_buffer"])
-        if self._fingerprint is not None:
-            state[fingerprint.KEY] = self._fingerprint
-        return state
-
-    def check_fingerprint(self, state_dict) -> None:
-        """Refuse (one line) a saved streamed position over other files than these."""
-        if self._fingerprint is not None:
-            fingerprint.check(
-                state_dict.get(fingerprint.KEY),
-                self._fingerprint,
-                self.dataset_name,
-                self._corpus_path,
-            )
-
-    def load_state_dict(self, state_dict):
-        self.check_fingerprint(state_dict)
-        super().load_state_dict(state_dict)
-        if "data" in state_dict:  # streamed: datasets resumes only within the saved epoch
-            self._own_epoch(state_dict["data"]["epoch"])
+            self._data._epoch = int(self._data._epoch)
 
 
 # ---------------------------------------------------------------------------------------
@@ -254,101 +232,69 @@ def corpus_for(job_config, section: str) -> Corpus:
     return split[1 if s.dataset == HOLDOUT_DATASET else 0]
 
 
-def files_per_rank(corpus: Corpus, dp_world_size: int) -> int:
-    """Files each rank's stream holds: a share of them by file, all of them by sample."""
-    n = len(corpus.files)
-    return n // dp_world_size if n % dp_world_size == 0 else n
+# ---------------------------------------------------------------------------------------
+# Training
 
 
-def check_stream_workers(corpus: Corpus, dp_world_size: int, num_workers: int, section: str):
-    """An endless stream needs a file per DataLoader worker: datasets gives each
-    worker whole files (worker w of a rank reads its files w, w + num_workers, ...)
-    and a worker with none would yield nothing forever."""
-    per_rank = files_per_rank(corpus, dp_world_size)
-    if corpus.streamed and 0 < per_rank < num_workers:
-        raise local_text.CorpusError(
-            f"[{section}.dataloader] num_workers = {num_workers}: each data-parallel rank "
-            f"({dp_world_size} in all) streams {per_rank} of the {len(corpus.files)} "
-            f"files of {corpus.path!r} and a DataLoader worker reads "
-            f"whole files, so {num_workers - per_rank} worker(s) per rank would have "
-            f"none; set num_workers <= {per_rank}, or split the corpus into more files"
-        )
+def _training_source(job_config):
+    """(source, fingerprint, what) of the training dataset in the global order, or None
+    for a dataset torchtitan's per-rank loader reads (a streaming ``IterableDataset``)."""
+    from datasets import Dataset, load_from_disk
 
-
-def _worker_count(state) -> int:
-    return len(state["_snapshot"]["_worker_snapshots"]) if "_snapshot" in state else 0
-
-
-def _dataset_states(state) -> list:
-    if "_snapshot" in state:
-        return [w.get("dataset_state") for w in state["_snapshot"]["_worker_snapshots"].values()]
-    return [state.get("dataset_state")]
-
-
-class LocalTextDataloader(ParallelAwareDataloader):
-    """torchtitan's loader over :class:`LocalTextDataset`, checking a saved position in
-    this process before it is handed on: with DataLoader workers each worker loads its
-    own part, and a refusal raised there would end the worker with a traceback instead
-    of the run with one line."""
-
-    def load_state_dict(self, state_dict) -> None:
-        from boost_titan.checkpoint import safe_metadata
-        from boost_titan.checkpoint.data_position import DataResumeError
-
-        blob = state_dict.get(self._rank_id) if state_dict else None
-        if isinstance(blob, (bytes, bytearray)):
-            state = safe_metadata.dataloader_state(blob, self._rank_id)
-            saved = _worker_count(state)
-            if saved != self.num_workers:  # torchdata: a bare AssertionError
-                raise DataResumeError(
-                    f"{self.dataset.dataset_name}: the checkpoint's data position was saved "
-                    f"with [training.dataloader] num_workers = {saved} (one position per "
-                    f"worker), this run has num_workers = {self.num_workers}; resume with "
-                    f"num_workers = {saved}, or {fingerprint.RESTART}"
-                )
-            for dataset_state in _dataset_states(state):
-                if dataset_state is not None:
-                    self.dataset.check_fingerprint(dataset_state)
-        super().load_state_dict(state_dict)
-
-
-def _build(section, dp_world_size, dp_rank, tokenizer, job_config, infinite):
-    s = getattr(job_config, section)
-    corpus = corpus_for(job_config, section)
-    if infinite:
-        check_stream_workers(corpus, dp_world_size, s.dataloader.num_workers, section)
-    dataset = LocalTextDataset(
-        s.dataset,
-        corpus,
-        tokenizer,
-        s.seq_len,
-        dp_rank,
-        dp_world_size,
-        infinite,
-        s.dataloader.num_workers,
-    )
-    return LocalTextDataloader(
-        dataset,
-        dp_rank=dp_rank,
-        dp_world_size=dp_world_size,
-        **{**asdict(s.dataloader), "batch_size": s.local_batch_size},
-    )
+    t = job_config.training
+    name = t.dataset
+    if name in LOCAL_DATASETS:
+        corpus = corpus_for(job_config, "training")
+        if corpus.streamed:
+            what = corpus_summary(corpus, name, None)
+            return FileSource(name, corpus), fingerprint.fingerprint(corpus), what
+        data = load_from_disk(corpus.path)
+        source = SavedSource(name, data, None, corpus.text_field)
+        return source, {"documents": len(data)}, corpus_summary(corpus, name, len(data))
+    path, load, text_of = _validate_dataset(name.lower(), t.dataset_path)
+    data = load(path)
+    if not isinstance(data, Dataset):
+        return None
+    what = f"{name}: {path}: a saved dataset of {len(data)} documents, map-style"
+    return SavedSource(name, data, text_of, "text"), {"documents": len(data)}, what
 
 
 def build_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=True):
-    """The TrainSpec's ``build_dataloader_fn`` (DataLoader workers over a map-style
-    dataset refused: :mod:`boost_titan.data.workers`)."""
-    if job_config.training.dataset not in LOCAL_DATASETS:
+    """The TrainSpec's ``build_dataloader_fn``: the global order where boost_titan reads
+    the dataset, torchtitan's per-rank loader otherwise (DataLoader workers over a
+    map-style dataset refused there: :mod:`boost_titan.data.workers`)."""
+    found = _training_source(job_config)
+    if found is None:
         loader = build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite)
-    else:
-        loader = _build("training", dp_world_size, dp_rank, tokenizer, job_config, infinite)
-    check_workers(loader, "training", job_config.training.dataset)
+        check_workers(loader, "training", job_config.training.dataset)
+        return loader
+    source, prints, what = found
+    t = job_config.training
+    loader = GlobalOrderLoader(
+        t.dataset,
+        source,
+        tokenizer,
+        seq_len=t.seq_len,
+        local_batch_size=t.local_batch_size,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        infinite=infinite,
+        fingerprint=prints,
+        where=what,
+        **asdict(t.dataloader),
+    )
+    logger.info(loader.describe())
     return loader
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
 
 
 def build_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=False):
     """torchtitan's Validator builds its loader by this name (see :func:`install`)."""
-    if job_config.validation.dataset not in LOCAL_DATASETS:
+    v = job_config.validation
+    if v.dataset not in LOCAL_DATASETS:
         return _torchtitan_validation_dataloader(
             dp_world_size=dp_world_size,
             dp_rank=dp_rank,
@@ -356,7 +302,23 @@ def build_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, i
             job_config=job_config,
             infinite=infinite,
         )
-    return _build("validation", dp_world_size, dp_rank, tokenizer, job_config, infinite)
+    corpus = corpus_for(job_config, "validation")
+    dataset = LocalTextDataset(
+        v.dataset,
+        corpus,
+        tokenizer,
+        v.seq_len,
+        dp_rank,
+        dp_world_size,
+        infinite,
+        v.dataloader.num_workers,
+    )
+    return ParallelAwareDataloader(
+        dataset,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        **{**asdict(v.dataloader), "batch_size": v.local_batch_size},
+    )
 
 
 def install() -> None:

@@ -4,8 +4,7 @@ the checks made before the model is built, and the documents read from them.
 ``dataset_path`` is one of:
 
 * a ``save_to_disk`` folder (it holds ``dataset_info.json`` or ``state.json``): already
-  Arrow on disk, memory-mapped and read **map-style** (a document index, shards are
-  contiguous document ranges; ``[boost] data_resume = "reshard"`` works on it);
+  Arrow on disk, memory-mapped and read **map-style** (by document index);
 * a ``.jsonl`` / ``.json`` / ``.txt`` / ``.parquet`` file, or a folder holding files of
   one of those formats (searched recursively, sorted by path; names starting with ``.``
   are skipped): **streamed**, each file read as training consumes it, with no copy
@@ -316,8 +315,22 @@ def documents(
     read = _READERS[kind]
     for file in files:
         for i, (_, text) in enumerate(read(file, text_field)):
-            if not every or (i % every == every - 1) == held:
+            if keeps(i, every, held):
                 yield {"text": text}
+
+
+def keeps(index: int, every: int, held: bool) -> bool:
+    """Whether a corpus with ``dataset_holdout_every = every`` reads a file's document
+    number ``index`` (from 0): the held-out corpus (``held``) every ``every``-th, the
+    training corpus the others; with ``every`` 0, every document."""
+    return not every or (index % every == every - 1) == held
+
+
+def raw_documents(file: str, kind: str, text_field: str) -> Iterator[str]:
+    """Every document text of one file, held-out ones included (their index in the
+    file is the index :func:`keeps` takes)."""
+    for _, text in _READERS[kind](file, text_field):
+        yield text
 
 
 def stream(corpus: Corpus):

@@ -6,6 +6,11 @@ among the workers itself, but a map-style ``datasets.Dataset`` (``boost_corpus``
 ``save_to_disk`` folder, any loader that converts to Arrow) does not: with
 ``num_workers = N`` every document is trained on N times per pass, with no error
 (measured: 248 batches with 0 workers, 496 with 2; ``tests/test_data_loader_workers.py``).
+
+Where torchtitan's loader reads (validation of ``boost_corpus_val`` or a ``save_to_disk``
+folder, training on a dataset of torchtitan's registry). boost_titan's training loader
+(``boost_titan.data.global_loader``) gives its workers chunks of one stream in turn and
+needs no check.
 """
 
 from __future__ import annotations

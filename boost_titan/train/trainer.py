@@ -93,9 +93,9 @@ class BoostTrainer(Trainer):
       (``boost_titan.checkpoint.save``), and
       ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this;
 
-    * a checkpoint of another data-parallel degree is refused in one line, or resumed
-      with each rank re-positioned in its new shard (``[boost] data_resume``,
-      ``boost_titan.checkpoint.data_position``)."""
+    * a checkpoint of another data-parallel degree resumes exactly: training data is one
+      global order (``boost_titan.data.order``) with one saved position for all ranks,
+      checked before DCP reads it (``boost_titan.checkpoint.data_position``)."""
 
     _comm_logged = False
     _last_run_step = -1  # the last step this process trained (fault injection fires after it)

@@ -94,7 +94,7 @@ def _check_local_corpora(config, sections, dp_degree: int = 1) -> None:
     loader will read (``boost_titan.data.loader.corpus_for``, the loaders' own rule):
     readable, one format, no file without documents, the text field in each file's
     first document, and no file read by both training and validation."""
-    from boost_titan.data.loader import check_stream_workers, corpus_for
+    from boost_titan.data.loader import corpus_for
     from boost_titan.data.local_text import check_corpus
 
     t = config.training
@@ -163,11 +163,6 @@ def _check_local_corpora(config, sections, dp_degree: int = 1) -> None:
             why = str(e).removeprefix("local_text: ")
             cls = ConfigPathError if "does not exist" in why else ConfigError
             raise bad(section, "dataset_path", path, f"({s.dataset}): {why}", cls) from None
-        if section == "training":  # (validation's stream ends: a worker may idle)
-            try:
-                check_stream_workers(corpus, dp_degree, s.dataloader.num_workers, section)
-            except CorpusError as e:
-                raise ConfigError(str(e)) from None
         files[section] = corpus
     if len(files) == 2 and config.validation.dataset != HOLDOUT_DATASET:  # (disjoint)
         train, val = files["training"], files["validation"]
