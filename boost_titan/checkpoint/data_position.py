@@ -182,13 +182,12 @@ def saved_layout(folder: str) -> tuple[int, int] | None:
     """(data-parallel degree, processes that wrote data) of a DCP step folder, from its
     ``.metadata`` (read through the allowlisted reader); None when it holds no data
     loader state (a model-only save) or has no local ``.metadata``."""
-    from boost_titan.checkpoint import safe_metadata
+    from boost_titan.checkpoint.integrity.step import open_step
 
     path = os.path.join(folder, ".metadata")
     if not os.path.isfile(path):  # not a local DCP folder: DCP's own load reports it
         return None
-    with open(path, "rb") as f:
-        meta = safe_metadata.load(f, folder)
+    meta = open_step(folder).metadata  # verified first; parsed once per rank (DCP reuses it)
     ranks = sorted(int(m[1]) for k in meta.state_dict_metadata if (m := _RANK_KEY.match(k)))
     if not ranks:
         return None

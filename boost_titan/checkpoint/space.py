@@ -14,14 +14,15 @@ Before the first step the optimizer has no state yet (torch creates it in the fi
 predicted from the optimizer's kind, the moments it keeps per parameter
 (:data:`OPTIMIZER_STATES`). Once it has state, the real state dict is measured.
 
-Every rank measures what it would save and the ranks exchange their lists, once: under
-pipeline parallelism each stage holds other FQNs, and the data loader's position is
-kept per data-parallel rank.
+Every rank measures what it would save and the ranks exchange what differs, once
+(:func:`global_items`): under pipeline parallelism each stage holds other FQNs, and the
+data loader's position is kept per data-parallel rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import pickle
 import re
@@ -151,15 +152,32 @@ def local_items(states: dict[str, Any], predict_optimizer: bool) -> tuple[dict[s
     return items, unknown
 
 
+_PER_RANK = ("dataloader.",)  # keys each data-parallel rank holds for itself
+
+
 def global_items(items: dict[str, Item]) -> dict[str, Item]:
-    """Every rank's items, merged by key (collective over the default group)."""
+    """Every rank's items, merged by key (collective over the default group), without
+    sending every rank's table to every rank: ranks holding the same table (all of a
+    pipeline stage's TP/FSDP ranks) are found by a digest of it, and one rank of each
+    distinct table broadcasts it; only the per-rank keys (each data-parallel rank's
+    data position, a few bytes) are gathered from every rank."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return dict(items)
-    gathered: list[dict[str, Item] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, items)
+    own = {k: v for k, v in items.items() if k.startswith(_PER_RANK)}
+    shared = {k: v for k, v in items.items() if not k.startswith(_PER_RANK)}
+    digest = hashlib.sha256(pickle.dumps(sorted(shared.items()))).hexdigest()
+    gathered: list[tuple[str, dict[str, Item]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (digest, own))
+    leaders: dict[str, int] = {}
+    for rank, entry in enumerate(gathered):
+        leaders.setdefault(entry[0], rank)
     merged: dict[str, Item] = {}
-    for part in gathered:
-        merged.update(part or {})
+    for leader in sorted(leaders.values()):
+        box = [shared if dist.get_rank() == leader else None]
+        dist.broadcast_object_list(box, src=leader)
+        merged.update(box[0] or {})
+    for _digest, per_rank in gathered:
+        merged.update(per_rank)
     return merged
 
 
