@@ -6,6 +6,7 @@ DCP: no transform, no trailer, nothing in ``.metadata`` that stock torch does no
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pickle
@@ -56,8 +57,15 @@ _torch_write_item = filesystem._write_item
 _torch_transform_load_stream = filesystem._StorageReaderTransforms.transform_load_stream
 
 
+_WRITER_SIGNATURE = inspect.signature(_torch_writer_init)
+
+
 def _writer_init(self, *args: Any, **kwargs: Any) -> None:
+    """torch's, with the writer marked: it seals its step unless the caller passed
+    ``_extensions`` (``_extensions=()``: a plain, unsealed DCP save, as torch writes)."""
     _torch_writer_init(self, *args, **kwargs)
+    bound = _WRITER_SIGNATURE.bind(self, *args, **kwargs)
+    self.transforms._boost_unsealed = bound.arguments.get("_extensions") is not None
     self._boost_seal = _SealsWhereUnpickled()
 
 
@@ -75,7 +83,9 @@ def _prepare_local_plan(self, plan):
 
 def _write_item(transforms, stream, data, write_item, storage_key, serialization_format):
     """torch's ``_write_item`` with the bytes digested as they stream to the file."""
-    if serialization_format != filesystem.SerializationFormat.TORCH_SAVE or transforms.extensions:
+    if serialization_format != filesystem.SerializationFormat.TORCH_SAVE or getattr(
+        transforms, "_boost_unsealed", True
+    ):
         return _torch_write_item(
             transforms, stream, data, write_item, storage_key, serialization_format
         )

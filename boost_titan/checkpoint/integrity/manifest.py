@@ -109,12 +109,12 @@ def _hex_digests(text, size: int, block: int) -> bytes | None:
         return None
 
 
-def decode(data: bytes, folder: str) -> Seal:
+def decode(data: bytes, folder: str, tail: str = "") -> Seal:
     """The manifest's contents, its body checked against the header's digest before it
     is parsed; one line naming what is wrong otherwise."""
 
     def bad(why: str) -> ChecksumMismatch:
-        return ChecksumMismatch(f"checkpoint {folder} is corrupted: its {NAME} {why}")
+        return ChecksumMismatch(f"checkpoint {folder} is corrupted: its {NAME} {why}{tail}")
 
     head_line, sep, rest = data.partition(b"\n")
     try:

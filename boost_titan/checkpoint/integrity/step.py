@@ -210,8 +210,6 @@ def _check_files(folder: str, seal: Seal, tail: str) -> dict[str, int]:
         )
     sizes = {}
     for name, entry in seal.files.items():
-        if "/" in name or name in ("", ".", ".."):
-            raise _problem(folder, f"is refused: its {NAME} names the file {name!r}", tail)
         size = member_size(folder, name, tail)
         if size != entry.bytes:
             raise _problem(
@@ -312,7 +310,7 @@ def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, s
         return trust, seal, metadata, "hf" if metadata is None else "dcp"
     raw = read_regular(folder, NAME, tail)
     if raw is not None:
-        seal = decode(raw, folder)
+        seal = decode(raw, folder, tail)
         trust, metadata = SEALED, None
         if seal.kind == "dcp":
             metadata = _check_metadata(folder, seal, tail)
