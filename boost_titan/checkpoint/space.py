@@ -3,11 +3,12 @@ checkpoints the run will keep.
 
 A DCP save writes every tensor chunk and every other value (optimizer settings, LR
 schedule, data position, step) as one item: a ``torch.save`` zip in a ``__R_0.distcp``
-file, indexed in ``.metadata``. So a checkpoint's size is the tensors' bytes (each
-DTensor once, at its global shape; a replicated one once) plus a fixed cost per item.
-Measured on torch 2.13 (the CoLA debug model, TP2: 1280 items, 67,472,213 bytes): a
-tensor chunk's zip adds 1577 bytes, a small value's 1261 bytes in all, ``.metadata``
-~275 bytes per item; the constants below round these up.
+file, indexed in ``.metadata`` and sealed in the step's manifest
+(``integrity.manifest``). So a checkpoint's size is the tensors' bytes (each DTensor
+once, at its global shape; a replicated one once) plus a fixed cost per item. Measured
+on torch 2.13 (the CoLA debug model, TP2: 1280 items): a tensor chunk's zip adds
+~1550 bytes, a small value's ~1250 bytes in all, ``.metadata`` ~275 bytes and the
+manifest ~117 bytes per item; the constants below round these up.
 
 Before the first step the optimizer has no state yet (torch creates it in the first
 ``step``; asking for its state dict then would run a zero-lr step): its state is
@@ -33,10 +34,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 # zip container of one torch.save'd tensor chunk; of one pickled value (bytes beyond its
-# pickle); .metadata's entry per item (index + storage info + FQN)
+# pickle); .metadata's and the manifest's entries per item (FQN, place, digests)
 TENSOR_ITEM_BYTES = 1600
 VALUE_ITEM_BYTES = 1250
-METADATA_ITEM_BYTES = 300
+METADATA_ITEM_BYTES = 420
 
 # optimizer class name -> (moment tensors per parameter, each shaped like it; whether
 # the step counter is a 0-dim float32 tensor (torch's Adam) or a Python int (LORO))

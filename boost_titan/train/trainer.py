@@ -208,7 +208,8 @@ class BoostTrainer(Trainer):
             "run the same command again to resume from it"
         )
         status_file = os.environ.get(fault.STATUS_FILE_ENV)
-        if status_file and torch.distributed.get_rank() == 0:
+        distributed = torch.distributed.is_initialized()
+        if status_file and (not distributed or torch.distributed.get_rank() == 0):
             with open(status_file, "w") as f:
                 f.write(f"preempted step={self.step} checkpoint={path}\n")
 
