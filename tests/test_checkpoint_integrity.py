@@ -31,7 +31,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from boost_titan.checkpoint import integrity, safe_metadata
 from boost_titan.checkpoint.integrity import manifest
-from boost_titan.checkpoint.integrity.blocks import block_digests
+from boost_titan.checkpoint.integrity.blocks import segment_blocks, segment_digests
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -80,6 +80,28 @@ def _stored(step_dir: Path, fqn: str, file: str | None = None):
     raise KeyError(fqn)
 
 
+def _segments(step_dir: Path, fqn: str, file: str | None = None) -> list[int]:
+    """The segment lengths the manifest records for the item ``fqn``."""
+    body = json.loads((step_dir / ".manifest.json").read_bytes().split(b"\n")[1])
+    return next(e[5] for e in body["items"] if e[0] == fqn and file in (None, e[2]))
+
+
+def _block_at(segments: list[int], pos: int) -> tuple[int, int]:
+    """[start, end) of the block holding byte ``pos`` of an item, as the manifest's
+    format says blocks lie: each segment cut into MiB blocks from its start, except its
+    last 64 KiB when it is longer than a MiB."""
+    start = 0
+    for n in segments:
+        if pos < start + n:
+            cut = n - 2**16 if n > 2**20 else n
+            if pos - start >= cut:
+                return start + cut, start + n
+            first = start + (pos - start) // 2**20 * 2**20
+            return first, min(first + 2**20, start + cut)
+        start += n
+    raise ValueError(pos)
+
+
 def flip_bits(step_dir: Path, fqn: str, file: str | None = None, at: float = 0.5) -> int:
     """Flip bit 0x08 of the top byte of 16 consecutive fp32 words at fraction ``at`` of
     the stored item ``fqn`` (a torch.save archive whose tensor data is 64-byte aligned
@@ -109,16 +131,17 @@ def _forge(step_dir: Path, mutate) -> None:
     items = {}
     for index, info in meta.storage_data.items():
         fqn, chunk = manifest.key(index)
-        digests = b"\0" * 8 * -(-max(info.length, 0) // 2**20)
+        n = max(info.length, 0)
+        digests = b"\0" * 8 * len(segment_blocks([n]))
         items[(fqn, chunk)] = manifest.ItemEntry(
-            fqn, chunk, info.relative_path, info.offset, info.length, digests
+            fqn, chunk, info.relative_path, info.offset, info.length, (n,), digests
         )
     seal.items = items
     for info in meta.storage_data.values():
         target = step_dir / info.relative_path  # (an absolute path stays one)
         size = target.stat().st_size if target.exists() and target.is_file() else 0
         seal.files.setdefault(info.relative_path, manifest.FileEntry(size, None))
-    seal.files[".metadata"] = manifest.FileEntry(len(data), block_digests(data))
+    seal.files[".metadata"] = manifest.FileEntry(len(data), segment_digests(data))
     path.write_bytes(manifest.encode(seal))
 
 
@@ -172,11 +195,24 @@ def test_a_step_is_plain_dcp_sealed_by_its_manifest(tmp_path):
     }
     listed = {e[0]: e for e in body["items"]}
     assert len(listed) == len(meta.storage_data) == 6
-    fqn, chunk, file, off, n, digests = listed[BIG]
+    fqn, chunk, file, off, n, segments, digests = listed[BIG]
     assert (chunk, file, off, n) == ([0, 0], "__0_0.distcp", offset, length)
+    # the archive's header, the tensor's bytes as one segment, the archive's tail
+    assert len(segments) == 3 and segments[1] == 600 * 1024 * 4 and sum(segments) == length
     item = raw[offset : offset + length]
-    blocks = [item[i : i + 2**20] for i in range(0, length, 2**20)]
-    assert len(blocks) == 3 and digests == "".join(xxhash.xxh3_64_hexdigest(b) for b in blocks)
+    bounds, pos = [], 0
+    while pos < length:
+        bounds.append(_block_at(segments, pos))
+        pos = bounds[-1][1]
+    assert [b - a for a, b in bounds] == [
+        segments[0],
+        2**20,
+        2**20,
+        2457600 - 2 * 2**20 - 2**16,
+        2**16,
+        segments[2],
+    ]
+    assert digests == "".join(xxhash.xxh3_64_hexdigest(item[a:b]) for a, b in bounds)
     result = integrity.check(step)
     assert result.ok and result.trust == "sealed" and result.items == 6
 
@@ -184,13 +220,15 @@ def test_a_step_is_plain_dcp_sealed_by_its_manifest(tmp_path):
 def test_flipped_bits_fail_the_load_on_one_line(tmp_path, monkeypatch):
     step = _save(tmp_path / "step-4")
     path, offset, length = _stored(step, WQ)  # 64 KiB of weights: one block
-    clean = path.read_bytes()[offset : offset + length]
+    a, b = _block_at(_segments(step, WQ), length // 2)
+    assert b - a == 64 * 256 * 4
+    clean = path.read_bytes()[offset + a : offset + b]
     flip_bits(step, WQ)
-    corrupted = path.read_bytes()[offset : offset + length]
+    corrupted = path.read_bytes()[offset + a : offset + b]
     back = _empty()
     assert _load_line(step) == (
         f"checkpoint {step} is corrupted: __0_0.distcp, item {WQ}: xxh3_64 of its bytes "
-        f"0..{length} is {xxhash.xxh3_64_hexdigest(corrupted)} where its save recorded "
+        f"{a}..{b} is {xxhash.xxh3_64_hexdigest(corrupted)} where its save recorded "
         f"{xxhash.xxh3_64_hexdigest(clean)} (the item starts at byte {offset} of the file); "
         "not loaded"
     )
@@ -208,10 +246,11 @@ def test_a_flip_in_a_middle_block_names_its_bytes(tmp_path):
     step = _save(tmp_path / "step-4")
     path, offset, length = _stored(step, BIG)
     pos = flip_bits(step, BIG)
-    assert 2**20 <= pos - offset < 2 * 2**20  # in the second MiB
+    a, b = _block_at(_segments(step, BIG), pos - offset)
+    assert 2**20 < a < pos - offset < b == a + 2**20  # the tensor's second MiB
     assert re.fullmatch(
         rf"checkpoint {re.escape(str(step))} is corrupted: "
-        rf"__0_0\.distcp, item {BIG}: xxh3_64 of its bytes 1048576\.\.2097152 is [0-9a-f]{{16}} "
+        rf"__0_0\.distcp, item {BIG}: xxh3_64 of its bytes {a}\.\.{b} is [0-9a-f]{{16}} "
         rf"where its save recorded [0-9a-f]{{16}} \(the item starts at byte {offset} of the "
         r"file\); not loaded",
         _load_line(step),
@@ -630,8 +669,7 @@ def _expected_line(clean: Path, corrupted: Path, fqn: str, file: str, pos: int) 
     index, info = next(
         (i, s) for i, s in meta.storage_data.items() if i.fqn == fqn and s.relative_path == file
     )
-    start = (pos - info.offset) // 2**20 * 2**20
-    end = min(start + 2**20, info.length)
+    start, end = _block_at(_segments(corrupted, fqn, file), pos - info.offset)
     digest = [
         xxhash.xxh3_64_hexdigest((d / file).read_bytes()[info.offset + start : info.offset + end])
         for d in (corrupted, clean)

@@ -9,9 +9,11 @@ ones, and the call returns only once every block it touched is checked."""
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
@@ -59,7 +61,9 @@ def block_digests(view, block: int = BLOCK) -> bytes:
     return b"".join(digest(view[j : j + block]) for j in range(0, len(view), block))
 
 
+SEGMENT_BYTES = 64 * 1024  # a write this long (a tensor's data) is a segment of its own
 _PARALLEL_BYTES = 2 * BLOCK  # below this, hashing inline is cheaper than a hand-off
+_BACKLOG_BYTES = 256 << 20  # bytes written but not yet hashed, at most
 _helper_pool: tuple[int, ThreadPoolExecutor] | None = None
 _helper_lock = threading.Lock()
 
@@ -74,56 +78,156 @@ def _helper() -> ThreadPoolExecutor:
         return _helper_pool[1]
 
 
+TAIL = 64 * 1024  # the last bytes of a segment longer than a block: a block of their own
+
+
+def uniform_blocks(size: int, block: int = BLOCK) -> list[tuple[int, int]]:
+    """(start, length) of ``size`` bytes cut into ``block``-byte blocks from the start."""
+    return [(j, min(block, size - j)) for j in range(0, size, block)]
+
+
+def segment_blocks(segments, block: int = BLOCK) -> list[tuple[int, int]]:
+    """(start, length) of every block of an item made of ``segments`` (their lengths, in
+    order): each segment is cut into ``block``-byte blocks from its own start, and its
+    last ``TAIL`` bytes, when it is longer than a block, are a block of their own, so
+    that the reads torch makes of an archive (its header, a probe of its last 4 KiB,
+    then the tensor's data in one read) meet whole blocks or small ones."""
+    out, start = [], 0
+    for length in segments:
+        body = length - TAIL if length > block else length
+        out += [(start + s, n) for s, n in uniform_blocks(body, block)]
+        if body < length:
+            out.append((start + body, length - body))
+        start += length
+    return out
+
+
+def digests_of(view, blocks: list[tuple[int, int]], base: int = 0) -> bytes:
+    """The digests of ``blocks`` (absolute (start, length)) of an item whose bytes from
+    ``base`` on are in ``view``."""
+    view = memoryview(view).cast("B")
+    return b"".join(digest(view[s - base : s - base + n]) for s, n in blocks)
+
+
+def segment_digests(view, block: int = BLOCK) -> bytes:
+    """The digests of one segment (a write, a file, ``.metadata``), laid out as
+    :func:`segment_blocks` cuts it."""
+    return digests_of(view, segment_blocks([len(memoryview(view).cast("B"))], block))
+
+
 # ---------------------------------------------------------------- writing
 
 
-class HashingStream:
-    """Passes every write to ``out`` and digests the bytes, block by block from the first
-    byte written through it; :meth:`digests` when done."""
+class _Backlog:
+    """Hashes running in the helper thread after their write returned (a tensor's bytes,
+    kept alive until hashed), at most ``_BACKLOG_BYTES`` of them at once."""
 
-    def __init__(self, out):
-        self.out = out
-        self._digests = bytearray()
-        self._block = xxhash.xxh3_64()
-        self._filled = 0  # bytes of the current block digested so far
-        self.total = 0
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running: deque[tuple[Future, int]] = deque()
+        self.bytes = 0
+
+    def submit(self, view: memoryview, keep) -> Future:
+        holder = [keep]  # the bytes' owner, released once they are hashed
+        future = _helper().submit(segment_digests, view)
+        future.add_done_callback(lambda _f: holder.clear())
+        with self.lock:
+            self.running.append((future, len(view)))
+            self.bytes += len(view)
+            while self.running and (self.running[0][0].done() or self.bytes > _BACKLOG_BYTES):
+                oldest, n = self.running.popleft()
+                self.bytes -= n
+                self.lock.release()
+                try:
+                    oldest.result()
+                finally:
+                    self.lock.acquire()
+        return future
+
+
+_backlog = _Backlog()
+
+
+def _owned(view: memoryview, keep) -> bool:
+    """Whether ``view``'s bytes stay what they are after the write returns, as long as
+    ``keep`` lives: a view of a BytesIO's buffer (DCP's pickled items), or of a CPU
+    tensor's storage (torch.save writes a storage from its memory)."""
+    if isinstance(keep, io.BytesIO):
+        return view.obj is keep or getattr(view.obj, "obj", None) is keep
+    storage = getattr(keep, "untyped_storage", None)
+    if storage is None or getattr(keep, "device", None) is None or keep.device.type != "cpu":
+        return False
+    import numpy as np
+
+    start = storage().data_ptr()
+    at = np.frombuffer(view, dtype=np.uint8).ctypes.data
+    return start <= at and at + len(view) <= start + storage().nbytes()
+
+
+class Digests:
+    """An item's digests as its write left them: its segments' lengths and, in order,
+    digests or the helper's futures of them (:meth:`resolve` waits for the latter)."""
+
+    def __init__(self, segments: list[int], parts: list):
+        self.segments, self.parts = segments, parts
+
+    def resolve(self) -> tuple[list[int], bytes]:
+        return self.segments, b"".join(
+            p.result() if isinstance(p, Future) else p for p in self.parts
+        )
+
+    def __reduce__(self):
+        # DCP gathers every rank's write results on the coordinator (after the files are
+        # written and synced): they travel resolved
+        return (tuple, (self.resolve(),))
+
+
+class HashingStream:
+    """Passes every write to ``out`` and digests the bytes: a write of at least
+    ``SEGMENT_BYTES`` (a tensor's data) is a segment of its own, hashed by the helper
+    thread while it is written and after (its owner ``keep`` held until then); a run of
+    smaller writes between (an archive's header or tail) is a segment, hashed when it
+    ends. :func:`segment_blocks` lays the blocks over the segments, so a reader of the
+    tensor's data meets whole blocks. :meth:`finish` gives the :class:`Digests`."""
+
+    def __init__(self, out, keep=None):
+        self.out, self.keep = out, keep
+        self.segments: list[int] = []
+        self.parts: list = []
+        self._run = bytearray()  # the current run of small writes
+
+    def _close_run(self) -> None:
+        if self._run:
+            self.parts.append(segment_digests(self._run))
+            self.segments.append(len(self._run))
+            self._run = bytearray()
 
     def write(self, b) -> int:
         view = memoryview(b).cast("B")
         n = view.nbytes
-        i = 0
-        if self._filled:
-            i = min(BLOCK - self._filled, n)
-            self._block.update(view[:i])
-            self._filled += i
-            if self._filled == BLOCK:
-                self._digests += self._block.digest()
-                self._block.reset()
-                self._filled = 0
-        whole = (n - i) // BLOCK * BLOCK
-        pending: Future | None = None
-        if whole >= _PARALLEL_BYTES:  # hashed while the same bytes are written
-            pending = _helper().submit(block_digests, view[i : i + whole])
-        elif whole:
-            self._digests += block_digests(view[i : i + whole])
-        try:
+        if n < SEGMENT_BYTES:
+            self._run += view
             self.out.write(b)
-        finally:
-            if pending is not None:
-                self._digests += pending.result()
-        i += whole
-        if i < n:
-            self._block.update(view[i:])
-            self._filled = n - i
-        self.total += n
+            return n
+        self._close_run()
+        self.segments.append(n)
+        if n < _PARALLEL_BYTES:
+            self.parts.append(segment_digests(view))
+        elif _owned(view, self.keep):  # hashed beside this write and the ones after
+            self.parts.append(_backlog.submit(view, self.keep))
+        else:  # hashed beside this write, done before it returns
+            future = _helper().submit(segment_digests, view)
+            try:
+                self.out.write(b)
+            finally:
+                self.parts.append(future.result())
+            return n
+        self.out.write(b)
         return n
 
-    def digests(self) -> bytes:
-        if self._filled:
-            self._digests += self._block.digest()
-            self._block.reset()
-            self._filled = 0
-        return bytes(self._digests)
+    def finish(self) -> Digests:
+        self._close_run()
+        return Digests(self.segments, self.parts)
 
     def tell(self) -> int:
         return self.out.tell()
@@ -186,29 +290,30 @@ def read_at(raw, pos: int, out: memoryview) -> int:
     return got
 
 
-def first_bad(item: Item, k: int, data: memoryview, found: bytes, expected: bytes, block: int):
-    """The mismatch of the first of the blocks from ``k`` whose digest differs."""
-    for j in range(0, len(found), 8):
-        if found[j : j + 8] != expected[j : j + 8]:
-            start = (k + j // 8) * block
-            end = start + min(block, len(data) - (j // 8) * block)
-            return mismatch(item, start, end, found[j : j + 8], expected[j : j + 8])
-    raise AssertionError("no differing block")
-
-
 class VerifyingReader(io.RawIOBase):
     """``size`` bytes of ``raw`` as a seekable stream whose every byte is checked against
     its block's digest when it is read, before the reader returns it: torch.load reads
     through it with no extra pass or copy (whole blocks straight into its buffer,
     digested by the helper thread while the next blocks are read; a block it reads in
-    parts is read whole once, checked, and served from memory)."""
+    parts, an archive's header, is read whole once, checked, and served from memory).
+    ``blocks``: (start, length) of each block ``digests`` covers, in order
+    (:func:`segment_blocks`, :func:`uniform_blocks`)."""
 
-    _CHUNK_BLOCKS = 4  # whole blocks per read handed to the helper
+    _CHUNK_BYTES = 4 * BLOCK  # whole blocks per read handed to the helper
     _CACHED_BLOCKS = 4
 
-    def __init__(self, raw: IO[bytes], size: int, block: int, digests: bytes, item: Item):
+    def __init__(
+        self,
+        raw: IO[bytes],
+        size: int,
+        digests: bytes,
+        item: Item,
+        blocks: list[tuple[int, int]],
+    ):
         super().__init__()
-        self.raw, self.size, self.block, self.digests, self.item = raw, size, block, digests, item
+        self.raw, self.size, self.digests, self.item = raw, size, digests, item
+        self.blocks = blocks
+        self.starts = [start for start, _ in blocks]
         self.pos = 0
         self._cache: dict[int, bytes] = {}
 
@@ -228,21 +333,27 @@ class VerifyingReader(io.RawIOBase):
         self.pos = base + offset
         return self.pos
 
-    def _expected(self, k: int, nblocks: int) -> bytes:
-        return self.digests[8 * k : 8 * (k + nblocks)]
-
-    def _check(self, k: int, data: memoryview, found: bytes) -> None:
-        expected = self._expected(k, len(found) // 8)
+    def _check(self, k: int, nblocks: int, found: bytes) -> None:
+        expected = self.digests[8 * k : 8 * (k + nblocks)]
         if found != expected:
-            raise first_bad(self.item, k, data, found, expected, self.block)
+            for j in range(nblocks):
+                if found[8 * j : 8 * j + 8] != expected[8 * j : 8 * j + 8]:
+                    start, n = self.blocks[k + j]
+                    raise mismatch(
+                        self.item,
+                        start,
+                        start + n,
+                        found[8 * j : 8 * j + 8],
+                        expected[8 * j : 8 * j + 8],
+                    )
 
     def _cached_block(self, k: int) -> bytes:
         if k not in self._cache:
-            start = k * self.block
-            data = bytearray(min(self.block, self.size - start))
-            if read_at(self.raw, start, memoryview(data)) != len(data):
+            start, n = self.blocks[k]
+            data = bytearray(n)
+            if read_at(self.raw, start, memoryview(data)) != n:
                 raise cut_short(self.item, self.size)
-            self._check(k, memoryview(data), digest(data))
+            self._check(k, 1, digest(data))
             if len(self._cache) >= self._CACHED_BLOCKS:
                 del self._cache[next(iter(self._cache))]
             self._cache[k] = bytes(data)
@@ -251,41 +362,48 @@ class VerifyingReader(io.RawIOBase):
     def readinto(self, b) -> int:
         out = memoryview(b).cast("B")
         n = max(0, min(len(out), self.size - self.pos))
-        done, block = 0, self.block
-        pending: tuple[Future | bytes, int, memoryview] | None = None
+        done = 0
+        pending: tuple[Future | bytes, int, int] | None = None
 
         def settle() -> None:
             nonlocal pending
             if pending is not None:
-                found, k, data = pending
+                found, k, count = pending
                 pending = None
-                self._check(k, data, found.result() if isinstance(found, Future) else found)
+                self._check(k, count, found.result() if isinstance(found, Future) else found)
 
         try:
             while done < n:
                 p = self.pos + done
-                k, within = divmod(p, block)
-                whole = min((n - done) // block, self._CHUNK_BLOCKS) if within == 0 else 0
-                if whole == 0 and within == 0 and p + (n - done) == self.size:
-                    whole = 1  # the last (short) block, read whole
-                if whole and k not in self._cache:
-                    span = min(whole * block, self.size - p)
+                k = bisect.bisect_right(self.starts, p) - 1
+                start, length = self.blocks[k]
+                if p == start and length <= n - done and k not in self._cache:
+                    # whole blocks from here: straight into the caller's buffer
+                    j, span = k, 0
+                    while (
+                        j < len(self.blocks)
+                        and span + self.blocks[j][1] <= n - done
+                        and (span == 0 or span + self.blocks[j][1] <= self._CHUNK_BYTES)
+                    ):
+                        span += self.blocks[j][1]
+                        j += 1
                     dest = out[done : done + span]
                     if read_at(self.raw, p, dest) != span:
                         raise cut_short(self.item, self.size)
                     settle()  # the chunk before, hashed while this one was read
+                    chunk = self.blocks[k:j]
                     found = (  # hashed while the next chunk is read, if there is one
-                        _helper().submit(block_digests, dest, block)
+                        _helper().submit(digests_of, dest, chunk, p)
                         if n - done - span > 0
-                        else block_digests(dest, block)
+                        else digests_of(dest, chunk, p)
                     )
-                    pending = (found, k, dest)
+                    pending = (found, k, j - k)
                     done += span
                 else:
                     settle()
                     data = self._cached_block(k)
-                    take = min(len(data) - within, n - done)
-                    out[done : done + take] = data[within : within + take]
+                    take = min(length - (p - start), n - done)
+                    out[done : done + take] = data[p - start : p - start + take]
                     done += take
             settle()
         finally:

@@ -21,11 +21,13 @@ from boost_titan.checkpoint.integrity import legacy
 from boost_titan.checkpoint.integrity import manifest as mf
 from boost_titan.checkpoint.integrity.blocks import (
     ChecksumMismatch,
+    Digests,
     HashingStream,
     Item,
     VerifyingReader,
-    block_digests,
     describe,
+    segment_blocks,
+    segment_digests,
 )
 from boost_titan.checkpoint.integrity.step import TRAILERS, UNVERIFIED, open_step
 
@@ -89,11 +91,12 @@ def _write_item(transforms, stream, data, write_item, storage_key, serialization
         return _torch_write_item(
             transforms, stream, data, write_item, storage_key, serialization_format
         )
-    hashing = HashingStream(stream)
+    hashing = HashingStream(stream, keep=data)
     result = _torch_write_item(
         transforms, hashing, data, write_item, storage_key, serialization_format
     )
-    setattr(result.storage_data, _DIGESTS, hashing.digests())  # travels to the coordinator
+    # travels with the result to the coordinator (resolved when it is gathered)
+    setattr(result.storage_data, _DIGESTS, hashing.finish())
     return result
 
 
@@ -114,11 +117,12 @@ def finish(self, metadata: Metadata, results) -> None:
         return _torch_finish(self, metadata, results)
     metadata.version = filesystem.CURRENT_DCP_VERSION
     storage, items, ends = {}, {}, {}
-    for (index, info), item_digests in zip(pairs, digests):
+    for (index, info), recorded in zip(pairs, digests):
         storage[index] = info
         fqn, chunk = mf.key(index)
+        segments, item_digests = recorded.resolve() if isinstance(recorded, Digests) else recorded
         items[(fqn, chunk)] = mf.ItemEntry(
-            fqn, chunk, info.relative_path, info.offset, info.length, item_digests
+            fqn, chunk, info.relative_path, info.offset, info.length, tuple(segments), item_digests
         )
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
     metadata.storage_data = storage
@@ -128,7 +132,7 @@ def finish(self, metadata: Metadata, results) -> None:
     data = pickle.dumps(metadata)
     folder = os.fspath(self.path)
     files = {name: mf.FileEntry(end, None) for name, end in ends.items()}
-    files[mf.METADATA] = mf.FileEntry(len(data), block_digests(data))
+    files[mf.METADATA] = mf.FileEntry(len(data), segment_digests(data))
     seal = mf.Seal(
         "dcp", mf.step_of(os.path.basename(os.path.normpath(folder))), self.save_id, files, items
     )
@@ -199,7 +203,8 @@ def transform_load_stream(self, read_item, transform_descriptors, raw_stream):
         entry = step.seal.items.get(mf.key(index))
         if entry is None:  # open_step matched .metadata to the manifest: never here
             raise ChecksumMismatch(f"checkpoint {item.folder}: {item.what} is not in its manifest")
-        return VerifyingReader(raw_stream, entry.length, step.seal.block, entry.digests, item)
+        blocks = segment_blocks(entry.segments, step.seal.block)
+        return VerifyingReader(raw_stream, entry.length, entry.digests, item, blocks)
     if list(transform_descriptors or ()) == [legacy.DESCRIPTOR]:
         return legacy.reader(raw_stream, raw_stream.len, item)
     return _torch_transform_load_stream(self, read_item, transform_descriptors, raw_stream)

@@ -1,6 +1,6 @@
 """Sealing a folder of plain files (a Hugging Face save, ``last_save_in_hf``): its
-manifest lists every file with its size and one xxh3_64 per MiB, so that ``verify`` and
-every load check it as they do a DCP step (``step.open_step``)."""
+manifest lists every file with its size and digests, so that ``verify`` and every load
+check it as they do a DCP step (``step.open_step``)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,20 @@ import os
 import uuid
 
 from boost_titan.checkpoint.integrity import manifest as mf
-from boost_titan.checkpoint.integrity.blocks import BLOCK, block_digests
-
-_CHUNK = 16 * BLOCK
+from boost_titan.checkpoint.integrity.blocks import digest, read_at, segment_blocks
 
 
 def file_digests(path: str) -> tuple[int, bytes]:
-    """(size, digests) of the file at ``path``, read once."""
+    """(size, digests) of the file at ``path``, read once, its blocks laid out as over
+    one segment (``blocks.segment_blocks``)."""
+    size = os.path.getsize(path)
     digests = bytearray()
-    size = 0
-    buf = memoryview(bytearray(_CHUNK))
     with open(path, "rb") as f:
-        while True:
-            n = 0
-            while n < len(buf) and (got := f.readinto(buf[n:])):
-                n += got
-            if not n:
-                break
-            digests += block_digests(buf[:n])
-            size += n
+        for start, n in segment_blocks([size]):
+            data = bytearray(n)
+            if read_at(f, start, memoryview(data)) != n:
+                raise OSError(f"{path} changed while it was sealed")
+            digests += digest(data)
     return size, bytes(digests)
 
 

@@ -16,8 +16,11 @@ from boost_titan.checkpoint.integrity.blocks import (
     ChecksumMismatch,
     Item,
     VerifyingReader,
+    describe,
     digest,
+    mismatch,
     read_at,
+    uniform_blocks,
 )
 
 DESCRIPTOR = "boost_titan.xxh3/1"
@@ -59,7 +62,7 @@ def parse_trailer(item: Item, raw, size: int) -> tuple[int, int, bytes]:
 def reader(raw, size: int, item: Item) -> VerifyingReader:
     """An item with a trailer, read as its payload, every block checked."""
     payload, block, digests = parse_trailer(item, raw, size)
-    return VerifyingReader(raw, payload, block, digests, item)
+    return VerifyingReader(raw, payload, digests, item, uniform_blocks(payload, block))
 
 
 def check_sidecar(folder: str, name: str, data: bytes, record: bytes, tail: str) -> None:
@@ -90,8 +93,6 @@ def consistency(folder: str, storage: dict, tail: str) -> None:
     """A step with a sidecar: every item must carry the trailer."""
     unchecked = [i for i, s in storage.items() if DESCRIPTOR not in (s.transform_descriptors or ())]
     if unchecked:
-        from boost_titan.checkpoint.integrity.blocks import describe
-
         raise ChecksumMismatch(
             f"checkpoint {folder} is corrupted: .metadata{SIDECAR_SUFFIX} says it was "
             f"written with checksums, but {len(unchecked)} of its {len(storage)} items "
@@ -101,8 +102,6 @@ def consistency(folder: str, storage: dict, tail: str) -> None:
 
 def verify_item(item: Item, view, length: int, buf: memoryview) -> None:
     """Check every block of one stored item against its trailer (``verify``)."""
-    from boost_titan.checkpoint.integrity.blocks import mismatch
-
     payload, block, digests = parse_trailer(item, view, length)
     data = buf if block == len(buf) else memoryview(bytearray(block))
     for k, start in enumerate(range(0, payload, block)):

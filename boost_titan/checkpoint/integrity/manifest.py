@@ -9,12 +9,16 @@ lines of JSON:
    it is parsed);
 2. the body: ``{"kind": "dcp"|"hf", "step": S, "save_id": U, "block": 1048576,
    "files": {NAME: [BYTES, DIGESTS or null]}, "items": [[FQN, CHUNK, FILE, OFFSET,
-   LENGTH, DIGESTS]]}``: S the N of the ``step-N`` folder it was saved as (null when
+   LENGTH, SEGMENTS, DIGESTS]]}``: S the N of the ``step-N`` folder it was saved as (null when
    saved elsewhere), U the save's id (DCP's ``save_id``, also in ``.metadata``),
    every file of the step with its size (and its digests when no item covers it:
    ``.metadata``, a Hugging Face folder's files), and every DCP item with its FQN, its
-   chunk's offset in the tensor (null for a pickled item), where it lies and one
-   digest per ``block`` bytes of it (hex, 16 characters each).
+   chunk's offset in the tensor (null for a pickled item), where it lies, the lengths
+   of the segments its blocks are cut over (a tensor's data is one, the archive's
+   header and tail others: ``blocks.HashingStream``) and one digest per block of
+   them (``blocks.segment_blocks``: ``block`` bytes from each segment's start, its last
+   64 KiB apart; hex, 16 characters each). A file's digests lay the blocks over it as
+   over one segment.
 
 Only JSON is parsed here, never a pickle."""
 
@@ -25,7 +29,13 @@ import os
 import re
 from dataclasses import dataclass
 
-from boost_titan.checkpoint.integrity.blocks import ALGORITHM, BLOCK, ChecksumMismatch, digest
+from boost_titan.checkpoint.integrity.blocks import (
+    ALGORITHM,
+    BLOCK,
+    ChecksumMismatch,
+    digest,
+    segment_blocks,
+)
 
 SEAL = "boost_titan.seal/1"
 NAME = ".manifest.json"
@@ -46,6 +56,7 @@ class ItemEntry:
     file: str
     offset: int
     length: int
+    segments: tuple[int, ...]
     digests: bytes
 
 
@@ -85,7 +96,7 @@ def encode(seal: Seal) -> bytes:
             },
             "items": [
                 [i.fqn, None if i.chunk is None else list(i.chunk), i.file, i.offset, i.length]
-                + [i.digests.hex()]
+                + [list(i.segments), i.digests.hex()]
                 for i in sorted(seal.items.values(), key=lambda i: (i.file, i.offset))
             ],
         },
@@ -99,9 +110,9 @@ def _nonneg(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62
 
 
-def _hex_digests(text, size: int, block: int) -> bytes | None:
-    """The digests of ``size`` bytes in blocks of ``block``, or None if malformed."""
-    if not isinstance(text, str) or len(text) != 16 * -(-size // block):
+def _hex_digests(text, blocks: int) -> bytes | None:
+    """``blocks`` digests from their hex, or None if malformed."""
+    if not isinstance(text, str) or len(text) != 16 * blocks:
         return None
     try:
         return bytes.fromhex(text)
@@ -155,31 +166,37 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
     for name, entry in raw_files.items():
         if not (isinstance(entry, list) and len(entry) == 2 and _nonneg(entry[0])):
             raise bad(f"entry of {name!r} is malformed")
-        digests = None if entry[1] is None else _hex_digests(entry[1], entry[0], block)
+        digests = (
+            None
+            if entry[1] is None
+            else _hex_digests(entry[1], len(segment_blocks([entry[0]], block)))
+        )
         if entry[1] is not None and digests is None:
             raise bad(f"digests of {name!r} are malformed")
         files[name] = FileEntry(entry[0], digests)
     items = {}
     for entry in raw_items:
-        ok = isinstance(entry, list) and len(entry) == 6
+        ok = isinstance(entry, list) and len(entry) == 7
         if ok:
-            fqn, chunk, file, offset, length, text = entry
+            fqn, chunk, file, offset, length, segments, text = entry
             ok = (
                 isinstance(fqn, str)
                 and (chunk is None or (isinstance(chunk, list) and all(map(_nonneg, chunk))))
                 and file in files
                 and _nonneg(offset)
                 and _nonneg(length)
+                and isinstance(segments, list)
+                and all(_nonneg(n) and n > 0 for n in segments)
+                and sum(segments) == length
             )
-        digests = _hex_digests(text, length, block) if ok else None
+        blocks = len(segment_blocks(segments, block)) if ok else 0
+        digests = _hex_digests(text, blocks) if ok else None
         if digests is None:
             raise bad(f"item entry {str(entry)[:120]} is malformed")
-        item = ItemEntry(
-            fqn, None if chunk is None else tuple(chunk), file, offset, length, digests
-        )
-        if (fqn, item.chunk) in items:
+        at = (fqn, None if chunk is None else tuple(chunk))
+        if at in items:
             raise bad(f"lists item {fqn} twice")
-        items[(fqn, item.chunk)] = item
+        items[at] = ItemEntry(fqn, at[1], file, offset, length, tuple(segments), digests)
     return Seal(kind, step, save_id, files, items, block)
 
 

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from boost_titan.checkpoint import safe_metadata
 from boost_titan.checkpoint.integrity import legacy
-from boost_titan.checkpoint.integrity.blocks import NOT_LOADED, ChecksumMismatch, block_digests
+from boost_titan.checkpoint.integrity.blocks import NOT_LOADED, ChecksumMismatch, segment_digests
 from boost_titan.checkpoint.integrity.manifest import METADATA, NAME, SEAL, Seal, decode, key
 from boost_titan.checkpoint.integrity.manifest import step_of as _step_of_name
 
@@ -228,7 +228,7 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
     data = read_regular(folder, METADATA, tail)
     if entry is None or entry.digests is None or data is None:
         raise _problem(folder, f"is corrupted: its {NAME} does not cover {METADATA}", tail)
-    found = block_digests(data, seal.block)
+    found = segment_digests(data, seal.block)
     if found != entry.digests:
         raise _problem(
             folder,

@@ -22,6 +22,7 @@ from boost_titan.checkpoint.integrity.blocks import (
     Item,
     VerifyingReader,
     describe,
+    segment_blocks,
 )
 from boost_titan.checkpoint.integrity.dcp_hooks import trailers_line, unverified_line
 from boost_titan.checkpoint.integrity.manifest import METADATA, key, step_of
@@ -90,9 +91,8 @@ def _verify_items(step, relative: str, items: list, out: Verification, buf: memo
             try:
                 if step.seal is not None:
                     entry = step.seal.items[key(index)]
-                    reader = VerifyingReader(
-                        raw, entry.length, step.seal.block, entry.digests, item
-                    )
+                    blocks = segment_blocks(entry.segments, step.seal.block)
+                    reader = VerifyingReader(raw, entry.length, entry.digests, item, blocks)
                 else:
                     reader = legacy.reader(raw, info.length, item)
                 data = _read_through(reader, buf, keep=index.fqn == "train_state.step")
@@ -112,7 +112,13 @@ def _verify_files(step, out: Verification, buf: memoryview) -> None:
         with open(os.path.join(step.folder, name), "rb") as f:
             try:
                 _read_through(
-                    VerifyingReader(f, entry.bytes, step.seal.block, entry.digests or b"", item),
+                    VerifyingReader(
+                        f,
+                        entry.bytes,
+                        entry.digests or b"",
+                        item,
+                        segment_blocks([entry.bytes], step.seal.block),
+                    ),
                     buf,
                     keep=False,
                 )
