@@ -320,7 +320,22 @@ def test_stale_swapped_and_renamed_steps_are_mismatches(tmp_path):
     )
     assert integrity.verify(root / "step-10") == [renamed]
     assert _load_line(root / "step-10") == renamed + "; not loaded"
-    assert integrity.verify(old) == []
+    # reproduction 5: a step that is a link to another (ln -s step-2 step-12) reads as
+    # that step, named by the link; a save of step 12 never writes through it
+    os.symlink("step-2", root / "step-12")
+    assert integrity.verify(root / "step-12") == [
+        renamed.replace("step-10", "step-12").replace("step 10", "step 12")
+    ]
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    with pytest.raises(BaseException) as info:
+        dcp.save(_state(step=12), checkpoint_id=str(root / "step-12"), no_dist=True)
+    assert str(integrity.mismatch_in(info.value)) == (
+        f"checkpoint save refused: {root / 'step-12'} is a symbolic link (to step-2); a save "
+        "writes a real step folder, never through a link into another one"
+    )
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    os.symlink("step-2", root / "latest")  # a link the user names: read through
+    assert integrity.verify(root / "latest") == [] and integrity.verify(old) == []
 
 
 def test_paths_kinds_and_ranges_are_refused_in_one_line(tmp_path):

@@ -169,7 +169,7 @@ def trailers_line(folder: str) -> str:
 def _read_verified(reader, folder: str) -> Metadata:
     """safe_metadata's ``read_metadata`` hook: the step opened and checked, the
     verified Metadata returned, its manifest kept for the item reads."""
-    step = open_step(folder)
+    step = open_step(folder)  # (the dump folder's steps: chosen without links, resume)
     if step.metadata is None:
         raise ChecksumMismatch(
             f"checkpoint {folder} is a Hugging Face folder, not a DCP step (load it with "

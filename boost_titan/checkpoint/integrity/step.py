@@ -8,8 +8,9 @@ pre-check (``checkpoint.folder.states_held``), the data position check
 go through it, and a rank parses a step once (the result is kept while the files'
 identity and size stay the same). In order:
 
-1. the folder is a real folder (a symbolic link is refused: it would load as a step it
-   is not, and the next save of that step would write through it);
+1. the folder is a real folder (a symbolic link in the dump folder is refused: it would
+   load as a step it is not, and the next save of that step would write through it; a
+   checkpoint the user names may be a link, read through);
 2. ``.manifest.json`` (:mod:`.manifest`), when there is one: a regular file, its body
    checked against its header's digest, then parsed (JSON); the step it names is the
    folder's N; every file it lists is a regular file inside the folder, of the size it
@@ -86,10 +87,16 @@ def _lstat(path: str):
         return None
 
 
-def check_folder(folder: str, tail: str = NOT_LOADED) -> None:
+def check_folder(folder: str, tail: str = NOT_LOADED, allow_link: bool = False) -> None:
     st = _lstat(folder)
     if st is None:
         raise _problem(folder, "does not exist", tail)
+    if stat.S_ISLNK(st.st_mode) and allow_link:
+        st = _lstat(os.path.realpath(folder))
+        if st is None:
+            raise _problem(
+                folder, f"is a symbolic link to {os.readlink(folder)}, which does not exist", tail
+            )
     if stat.S_ISLNK(st.st_mode):
         raise _problem(
             folder,
@@ -353,11 +360,14 @@ def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, s
     return trust, seal, metadata, "hf" if metadata is None else "dcp"
 
 
-def open_step(folder: str | os.PathLike, tail: str = NOT_LOADED) -> Step:
+def open_step(folder: str | os.PathLike, tail: str = NOT_LOADED, allow_link: bool = True) -> Step:
     """The step folder ``folder``, checked as the module says (one ChecksumMismatch
-    line otherwise; an allowlist refusal stays ``UntrustedCheckpointError``)."""
+    line otherwise; an allowlist refusal stays ``UntrustedCheckpointError``).
+    ``allow_link``: a folder that is a symbolic link is read through it (a checkpoint
+    the user named, ``verify``; its manifest's step is still checked against the
+    link's name); the dump folder's steps are chosen without (``resume``)."""
     folder = os.fspath(folder)
-    check_folder(folder, tail)
+    check_folder(folder, tail, allow_link)
     trust, seal, metadata, fmt = _parse(folder, tail)
     sizes = {} if seal is None else _check_files(folder, seal, tail)
     if metadata is not None:
