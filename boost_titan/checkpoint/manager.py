@@ -4,17 +4,19 @@ checkpoint behaviour of a run is reached from this class:
 ==========================  ==========================================  =====================
 method                      what boost_titan adds                       where the logic is
 ==========================  ==========================================  =====================
-``load``                    a corrupted newest step is set aside and    ``integrity``
-                            the step before it loaded; the log says
-                            what was loaded (below)
+``load``                    rank 0 picks the newest step that opens,    ``integrity``
+                            setting damaged newer ones aside, and
+                            broadcasts it; the log says what was
+                            loaded (below)
 ``dcp_load``                another data-parallel degree: refused in    ``data_resume``
                             one line, or each rank re-positioned
 ``dcp_save``,               a save failing on the disk ends the run     ``checkpoint_save``
 ``_async_wait``             on one line, the partial folder removed
 ``save``                    the initial_load_path record; exactly       here
                             keep_latest_k step folders at the end
-(every DCP read / write)    checksums written and verified; .metadata   ``integrity``,
-                            unpickled with an allowlist                 ``safe_metadata``
+(every DCP read / write)    steps sealed (manifest) and opened through  ``integrity``,
+                            it first; .metadata unpickled with an       ``safe_metadata``
+                            allowlist
 ==========================  ==========================================  =====================
 
 In detail, here:

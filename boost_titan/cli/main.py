@@ -29,7 +29,7 @@ COMMANDS: dict[str, Command] = {
     "checkpoint": Command(
         "boost_titan.cli.checkpoint",
         "export / import a checkpoint's weights (safetensors or a Hugging Face folder), "
-        "verify a checkpoint's checksums",
+        "verify a checkpoint step against its manifest",
     ),
     "eval": Command(
         "boost_titan.cli.eval",

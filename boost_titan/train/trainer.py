@@ -90,9 +90,11 @@ class BoostTrainer(Trainer):
       TensorBoard, one console line, and HFU beside MFU;
     * faults (``boost_titan.train.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
-      the run cleanly, cut-off checkpoints are set aside before resuming, a corrupted
-      newest checkpoint (``boost_titan.checkpoint.integrity``) is set aside and the one before it
-      loaded, a save that fails on the disk ends the run on one line
+      the run cleanly (async saves waited for), cut-off checkpoints are set aside before
+      resuming, damaged newer steps (``boost_titan.checkpoint.integrity``) are set aside
+      and the newest one that opens loaded on every rank, a damaged or refused checkpoint
+      the user named ends the run on its line (exit 1, ``trainer.close()`` run), a save
+      that fails on the disk ends the run on one line
       (``boost_titan.checkpoint.save``), and
       ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this;
 

@@ -237,9 +237,10 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
         raise _problem(folder, f"is corrupted: its {NAME} does not cover {METADATA}", tail)
     found = segment_digests(data, seal.block)
     if found != entry.digests:
+        shown = found.hex()[:64] or "(empty)"
         raise _problem(
             folder,
-            f"is corrupted: {METADATA}: xxh3_64 {found.hex()[:64]} ({len(data)} bytes) where "
+            f"is corrupted: {METADATA}: xxh3_64 {shown} ({len(data)} bytes) where "
             f"its {NAME} records {entry.digests.hex()[:64]} ({entry.bytes} bytes); not "
             "unpickled",
             tail,
