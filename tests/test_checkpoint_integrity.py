@@ -468,6 +468,28 @@ def test_paths_kinds_and_ranges_are_refused_in_one_line(tmp_path):
         assert _load_line(step) == line + "; not loaded", name
 
 
+def test_a_rank_parses_a_step_once(tmp_path, monkeypatch):
+    """The launch pre-check's view, the data position check and DCP's load of one step
+    in one process unpickle its .metadata once (and hash it once); a new save of the
+    same folder is parsed again."""
+    from boost_titan.checkpoint import folder as checkpoint_folder
+    from boost_titan.checkpoint.data_position import saved_layout
+
+    state = {**_state(), "dataloader": {"dp_rank_0": b"position", "world_size": 1}}
+    step = _save(tmp_path / "step-4", state)
+    parsed = []
+    loads = safe_metadata.loads
+    monkeypatch.setattr(safe_metadata, "loads", lambda *a: parsed.append(a[1]) or loads(*a))
+    assert checkpoint_folder.states_held(str(step)) == {"train_state", "dataloader"}
+    assert saved_layout(str(step)) == (1, 1)
+    back = {**_empty(), "dataloader": {"dp_rank_0": b"", "world_size": 0}}
+    dcp.load(back, checkpoint_id=str(step), no_dist=True)
+    assert back["dataloader"]["dp_rank_0"] == b"position" and parsed == [str(step)]
+    _save(step, state)
+    dcp.load(back, checkpoint_id=str(step), no_dist=True)
+    assert parsed == [str(step)] * 2
+
+
 def test_older_steps_load_with_a_warning(tmp_path, caplog):
     """A step with no checksum (torchtitan's, or written before boost_titan checksummed)
     loads with one warning; one with the per-item trailers boost_titan wrote before it
