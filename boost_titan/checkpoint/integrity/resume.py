@@ -30,16 +30,22 @@ def _os_error(exc: BaseException | None) -> OSError | None:
     return None
 
 
-def step_failure(exc: BaseException) -> ChecksumMismatch | None:
+def _inside(path: str, folder: str) -> bool:
+    real, base = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, base]) == base
+
+
+def step_failure(exc: BaseException, folder: str | None) -> ChecksumMismatch | None:
     """The damaged step behind a failed load, as one line: a mismatch on any rank (DCP
-    gives every rank every rank's failure), or a file of it that could not be read."""
+    gives every rank every rank's failure), or a file inside the step ``folder`` that
+    could not be read (a file elsewhere, a corpus file say, is not the step's fault)."""
     bad = mismatch_in(exc)
     if bad is not None:
         return bad
     failures = getattr(exc, "failures", None) or {}
     for e in [exc, *(f for f, _trace in failures.values())]:
         err = _os_error(e)
-        if err is not None:
+        if err is not None and folder and _inside(os.fspath(err.filename), folder):
             path = os.fspath(err.filename)
             return ChecksumMismatch(
                 f"checkpoint {os.path.dirname(path)} is incomplete: {os.path.basename(path)} "
@@ -48,8 +54,8 @@ def step_failure(exc: BaseException) -> ChecksumMismatch | None:
     return None
 
 
-def _one_line(exc: BaseException) -> BaseException | None:
-    return step_failure(exc) or safe_metadata.refusal_in(exc)
+def _one_line(exc: BaseException, folder: str | None) -> BaseException | None:
+    return step_failure(exc, folder) or safe_metadata.refusal_in(exc)
 
 
 def _rank() -> int:
@@ -130,12 +136,13 @@ def _reset_optimizer_state(checkpointer) -> None:
             state.clear()
 
 
-def _named(load: Callable[[int], bool], step: int) -> bool:
-    """A load of a checkpoint the user named: any failure of the step is one line."""
+def _named(load: Callable[[int], bool], step: int, folder: str | None) -> bool:
+    """A load of a checkpoint the user named (``folder``): any failure of the step is
+    one line."""
     try:
         return load(step)
     except BaseException as e:
-        line = _one_line(e)
+        line = _one_line(e, folder)
         if line is None or line is e:
             raise
         raise line from None
@@ -156,8 +163,11 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
     (DCP loads in place); the retry overwrites all of them: the planner requires every
     key of the state dict from the older step (``allow_partial_load`` is off), and a
     run's steps hold the same keys; a model-only step 0 resets the optimizer state."""
+    named = checkpointer.initial_load_path or None
     if step != -1 or not checkpointer.enable:
-        return _named(load, step)
+        if step != -1 and checkpointer.enable:
+            named = checkpointer._create_checkpoint_id(step)
+        return _named(load, step, named)
     folder = checkpointer.folder
     failed: tuple[str, str] | None = None
     newest, set_aside, loads_failed = None, [], False
@@ -169,7 +179,7 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
             raise ChecksumMismatch(outcome[1])
         _, exists, chosen, notes, newest_now = outcome
         if not exists:
-            return _named(load, -1)  # torchtitan's initial_load_path / fresh start
+            return _named(load, -1, named)  # torchtitan's initial_load_path / fresh start
         newest = newest_now if newest is None else newest
         set_aside += notes
         for line, moved in notes:
@@ -193,12 +203,13 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
         if chosen == 0 and loads_failed:
             _reset_optimizer_state(checkpointer)
         checkpointer._agreed_step = chosen
+        loading = checkpointer._create_checkpoint_id(chosen) if chosen >= 0 else named
         try:
             return load(-1)
         except BaseException as e:
-            bad = step_failure(e)
+            bad = step_failure(e, loading)
             if bad is None or chosen < 0:
-                line = _one_line(e)
+                line = _one_line(e, loading)
                 if line is None or line is e:
                     raise
                 raise line from None
