@@ -11,7 +11,7 @@ One folder per concern; each imports only the folders listed before it (the suit
     optim/          optimizers: torchtitan's, and LORO
     parallel/       applying parallelism to a model: TP plan, latent checkpointing,
                     compile, FSDP2 (parallelize), pipeline, the CPU/gloo runtime
-    checkpoint/     model state on disk: DCP steps (save, checksums, safe loading, disk
+    checkpoint/     model state on disk: DCP steps (save, sealing, safe loading, disk
                     space, data position), exports to safetensors and Hugging Face (hf/)
     data/           where a batch comes from: datasets, your own corpus streamed, loaders,
                     tokenizers; the embedded corpus builder (corpus/)

@@ -315,3 +315,57 @@ def test_pipeline_loss_warning_is_gone(monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         torchtitan.train.ensure_pp_loss_visible(dims, config, NoColor())
     assert caplog.text == ""
+
+
+def _gather_worker(rank: int, init: str, out: str) -> None:
+    """Two pipeline stages of two ranks each, two data-parallel ranks per stage."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=4)
+    stage, dp = divmod(rank, 2)
+    items = {
+        f"layers.{stage}.w": checkpoint_space.Item(100 * (stage + 1), 2, 4),
+        f"optimizer.state.layers.{stage}.w.exp_avg": checkpoint_space.Item(100, 2, 4),
+        "lr_scheduler.last_epoch": checkpoint_space.Item(12, 1),
+        f"dataloader.dp_rank_{dp}": checkpoint_space.Item(50 + dp, 1),
+    }
+    sources = []
+    broadcast = dist.broadcast_object_list
+
+    def counted(objects, src=None, **kwargs):
+        sources.append(src)
+        return broadcast(objects, src=src, **kwargs)
+
+    dist.broadcast_object_list = counted
+    merged = checkpoint_space.global_items(items)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(
+            {"merged": {k: list(v.__dict__.values()) for k, v in merged.items()}, "from": sources},
+            f,
+        )
+    dist.destroy_process_group()
+
+
+def test_the_space_estimate_sends_each_distinct_table_once(tmp_path):
+    """Every rank ends with every rank's items (the merged table the estimate sums), but
+    only one rank of each pipeline stage sends its table (ranks of a stage hold the
+    same one); the per-data-parallel-rank keys come from every rank."""
+    import json
+
+    from launcher import spawn
+
+    spawn(_gather_worker, (str(tmp_path / "init"), str(tmp_path / "out")), 4)
+    results = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(4)]
+    want = {
+        "layers.0.w": [100, 2, 4],
+        "layers.1.w": [200, 2, 4],
+        "optimizer.state.layers.0.w.exp_avg": [100, 2, 4],
+        "optimizer.state.layers.1.w.exp_avg": [100, 2, 4],
+        "lr_scheduler.last_epoch": [12, 1, 0],
+        "dataloader.dp_rank_0": [50, 1, 0],
+        "dataloader.dp_rank_1": [51, 1, 0],
+    }
+    for r in results:
+        assert r == {"merged": want, "from": [0, 2]}

@@ -19,6 +19,7 @@ torchrun (what they test is the launcher's part); the others fork their ranks
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -132,22 +133,33 @@ def test_sigterm_saves_current_step_exits_0_and_resumes(reference, tmp_path, mon
 
 
 def test_cut_off_checkpoint_is_skipped_and_named(reference, tmp_path):
+    """A save cut off (step-6: no .metadata, a shard cut short) and a complete step that
+    lost a file since (step-8: rank 1's shard gone, issue #41's reproduction 3, which
+    ended the resume in a FileNotFoundError): both are set aside and named, the run
+    resumes from step-4 and ends as the reference did."""
     folder = tmp_path / "cut" / "checkpoint"
-    for step in (4, 6):
+    for step in (4, 6, 8):
         shutil.copytree(_ckpt(reference, step), folder / f"step-{step}")
     # what a kill during the save leaves: shards (one cut short), no .metadata
     (folder / "step-6" / ".metadata").unlink()
     shard = sorted((folder / "step-6").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+    (folder / "step-8" / "__1_0.distcp").unlink()
     run = run_training(CONFIG, 2, tmp_path / "cut", *BASE, "--checkpoint.interval", "2")
     assert re.search(
         r"checkpoint \S+/step-6 is incomplete \(no \.metadata: its save was cut off\) "
         r"and will not be loaded; moved to \S+/step_6\.incomplete",
         run.output,
     )
+    assert (
+        f"checkpoint {folder / 'step-8'} is incomplete: __1_0.distcp is missing; not loaded. "
+        f"Moved it to {folder / 'step_8.corrupt'}; resuming from step 4 instead: 4 steps "
+        "(5-8) are trained again"
+    ) in run.output
     assert re.search(r"Loading the checkpoint from \S+/step-4\.", run.output)
     assert sorted(run.loss[0]) == [5, 6, 7, 8]
     assert (folder / "step_6.incomplete").is_dir() and (folder / "step-6" / ".metadata").is_file()
+    assert (folder / "step_8.corrupt").is_dir()
     _assert_same_state(_ckpt(reference, 8), folder / "step-8")
 
 
@@ -223,3 +235,115 @@ def test_bad_injection_spec_and_quarantine_unit(tmp_path):
     assert [os.path.basename(old) for old, _ in moved] == ["step-6"]
     assert re.fullmatch(r"step_6\.incomplete\.\d+", os.path.basename(moved[0][1]))
     assert sorted(p for p in os.listdir(tmp_path) if p.startswith("step-")) == ["step-2", "step-4"]
+
+
+class _AsyncCheckpointer:
+    """torchtitan's checkpointer under ``async_mode = "async"``, reduced to what the
+    preemption save touches: ``save`` returns while its write is still in flight."""
+
+    interval = 5
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.save_future = None
+        self.saves: list[int] = []
+
+    def _create_checkpoint_id(self, step: int) -> str:
+        return str(self.folder / f"step-{step}")
+
+    def save(self, step: int) -> None:
+        import threading
+        import time
+        from concurrent.futures import Future
+
+        self.saves.append(step)
+        future: Future = Future()
+
+        def write() -> None:
+            time.sleep(0.3)
+            os.makedirs(self._create_checkpoint_id(step), exist_ok=True)
+            with open(os.path.join(self._create_checkpoint_id(step), ".metadata"), "wb"):
+                pass
+            future.set_result(None)
+
+        threading.Thread(target=write).start()
+        self.save_future = future
+
+    def _async_wait(self) -> None:
+        if self.save_future is not None:
+            self.save_future.result()
+            self.save_future = None
+
+
+def test_preemption_waits_for_the_async_save_in_flight(tmp_path, monkeypatch):
+    """Under async checkpointing, the preemption save is on disk before the status file
+    says so (and before the process group ends); an interval save of the same step
+    still in flight is waited for, not saved a second time."""
+    from types import SimpleNamespace
+
+    from boost_titan.train.trainer import BoostTrainer
+
+    status = tmp_path / "status"
+    monkeypatch.setenv("BOOST_TITAN_STATUS_FILE", str(status))
+    ckpt = _AsyncCheckpointer(tmp_path)
+    trainer = SimpleNamespace(checkpointer=ckpt, step=3)
+    BoostTrainer._save_for_preemption(trainer)
+    assert ckpt.saves == [3] and (tmp_path / "step-3" / ".metadata").is_file()
+    assert status.read_text() == f"preempted step=3 checkpoint={tmp_path / 'step-3'}\n"
+    assert ckpt.interval == 5 and ckpt.save_future is None
+    trainer.step = 4
+    ckpt.save(4)  # the interval save of step 4, in flight when SIGTERM is agreed
+    BoostTrainer._save_for_preemption(trainer)
+    assert ckpt.saves == [3, 4] and (tmp_path / "step-4" / ".metadata").is_file()
+
+
+@pytest.mark.parametrize("refusal", ["damaged", "data_resume"])
+def test_a_refused_checkpoint_still_closes_the_trainer(monkeypatch, caplog, refusal):
+    """trainer.main: a refusal that is no Exception (a damaged checkpoint, a data
+    position refused as SystemExit) runs trainer.close() like any other failure; a
+    damaged checkpoint ends on its one line, exit 1."""
+    from types import SimpleNamespace
+
+    from boost_titan.checkpoint.data_position import DataResumeError
+    from boost_titan.checkpoint.integrity import ChecksumMismatch
+    from boost_titan.train import trainer as trainer_module
+
+    closed = []
+
+    class Trainer:
+        def __init__(self, config):
+            pass
+
+        def train(self):
+            if refusal == "damaged":
+                raise ChecksumMismatch("checkpoint X/step-4 is corrupted: one line")
+            raise DataResumeError("checkpoint X/step-4 was saved with data-parallel degree 2")
+
+        def close(self):
+            closed.append(True)
+
+    config = SimpleNamespace(checkpoint=SimpleNamespace(create_seed_checkpoint=False))
+    for name, value in (
+        ("init_logger", lambda: None),
+        ("install", lambda: None),
+        ("BoostTrainer", Trainer),
+    ):
+        monkeypatch.setattr(trainer_module, name, value)
+    monkeypatch.setattr(trainer_module.log_filters, "install_for_training", lambda: None)
+    monkeypatch.setattr(trainer_module.launch_check, "parse_or_exit", lambda argv: config)
+
+    def exit_now(code: int = 0) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(trainer_module.cpu_runtime, "exit_after_clean_shutdown", exit_now)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as info:
+        trainer_module.main([])
+    assert closed == [True]
+    if refusal == "damaged":
+        assert info.value.code == 1
+        assert [r.getMessage() for r in caplog.records] == [
+            "checkpoint X/step-4 is corrupted: one line"
+        ]
+    else:  # its own SystemExit: the message is its one line (exit 1)
+        assert isinstance(info.value, DataResumeError)

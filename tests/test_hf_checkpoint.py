@@ -9,7 +9,8 @@ parameter bitwise unchanged):
 * the safetensors file is the seed's DCP weights through the layout's ``to_hf``, bit
   for bit, every tensor of the model and nothing else, beside a config.json of the
   model, and nothing else is left in the step folder (torchtitan's per-rank
-  ``sharded/`` copy is removed); the dense step folder loads with
+  ``sharded/`` copy is removed) but its manifest, which verifies; the safetensors
+  carry ``{"format": "pt"}``; the dense step folder loads with
   ``LlamaForCausalLM.from_pretrained`` and gives the seed model's logits;
 * a config.json of another model in the folder is refused when the config is parsed, in one line;
 * runs started from it with ``initial_load_in_hf`` under TP2 (CoLA: BTP; dense:
@@ -29,9 +30,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO_ROOT, run_training
+from safetensors import safe_open
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
+from boost_titan.checkpoint import integrity
 from boost_titan.checkpoint.hf.adapters import hf_format
 from boost_titan.models.flavors import flavors_for
 from boost_titan.models.model import Transformer
@@ -90,10 +93,15 @@ def _train_from(config: str, ngpu: int, dump: Path, start: Path, hf: bool, *extr
 def test_hf_save_under_tp2_is_the_seed_through_the_layout(hf_save, layout):
     seed, step = hf_save(layout)
     assert sorted(os.listdir(step)) == [
+        ".manifest.json",  # sealed: every file's digests (boost_titan.checkpoint.integrity)
         "config.json",
         "model-00001-of-00001.safetensors",
         "model.safetensors.index.json",
     ]
+    result = integrity.check(step)
+    assert result.ok and result.trust == "sealed" and result.items == 3, result
+    with safe_open(str(step / "model-00001-of-00001.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}  # transformers 4.47 requires it
     saved = load_file(str(step / "model-00001-of-00001.safetensors"))
     everything = _load_state_dict_from_keys(checkpoint_id=str(seed))  # + train_state
     model_parts = ("tok_embeddings.", "layers.", "norm.", "output.")

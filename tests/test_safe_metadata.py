@@ -90,11 +90,17 @@ def test_reader_is_installed_and_reads_dcp_metadata(tmp_path):
     assert torch.equal(back["w"], state["w"]) and back["n"]["k"] == 7
     meta = FileSystemReader(str(tmp_path / "step-1")).read_metadata()
     assert meta.storage_meta.load_id  # torch's bookkeeping is kept
-    # without its checksum sidecar (boost_titan.checkpoint.integrity would refuse the changed
-    # bytes before they are unpickled): what the allowlist sees is the point here
-    (tmp_path / "step-1" / ".metadata.xxh3").unlink()
-    with pytest.raises(safe_metadata.UntrustedCheckpointError, match="holds a list"):
-        (tmp_path / "step-1" / ".metadata").write_bytes(pickle.dumps([1]))
+    # without its manifest (boost_titan.checkpoint.integrity would refuse the changed bytes
+    # before they are unpickled): what the allowlist sees is the point here; a pickle of
+    # plain data that is no DCP metadata is a damaged step
+    from boost_titan.checkpoint.integrity import ChecksumMismatch
+
+    (tmp_path / "step-1" / ".manifest.json").unlink()
+    (tmp_path / "step-1" / ".metadata").write_bytes(pickle.dumps([1]))
+    with pytest.raises(ChecksumMismatch, match=r"its \.metadata holds a list, not DCP Metadata"):
+        FileSystemReader(str(tmp_path / "step-1")).read_metadata()
+    (tmp_path / "step-1" / ".metadata").write_bytes(pickle.dumps(_RunsCommand("true")))
+    with pytest.raises(safe_metadata.UntrustedCheckpointError, match="refers to posix.system"):
         FileSystemReader(str(tmp_path / "step-1")).read_metadata()
 
 

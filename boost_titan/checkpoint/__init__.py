@@ -4,7 +4,8 @@
     save           a save that fails on the disk ends the run in one line
     space          bytes a checkpoint takes; whether the disk holds the ones a run keeps
     folder         a checkpoint folder's complete steps and what each holds
-    integrity/     checksums: written by every save, verified by every load; ``verify``
+    integrity/     sealed steps: a manifest written by every save, every step opened
+                   through it before anything is read, every item checked; ``verify``
     safe_metadata  DCP's pickles read with allowlists: loading runs no code
     data_position  the data loader's position in a step, checked before DCP reads it
     files          files and folders that appear whole or not at all

@@ -55,14 +55,14 @@ class DataResumeError(SystemExit):
 
 def saved_items(folder: str) -> list[str] | None:
     """The ``dataloader.*`` items of a DCP step folder, from its ``.metadata`` (read
-    through the allowlisted reader); None when it has no local ``.metadata``."""
-    from boost_titan.checkpoint import safe_metadata
+    through the allowlisted reader, after the step's manifest is verified); None when it
+    has no local ``.metadata``."""
+    from boost_titan.checkpoint.integrity.step import open_step
 
     path = os.path.join(folder, ".metadata")
     if not os.path.isfile(path):  # not a local DCP folder: DCP's own load reports it
         return None
-    with open(path, "rb") as f:
-        meta = safe_metadata.load(f, folder)
+    meta = open_step(folder).metadata  # verified first; parsed once per rank (DCP reuses it)
     return sorted(k for k in meta.state_dict_metadata if k.startswith("dataloader."))
 
 

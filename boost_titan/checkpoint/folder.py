@@ -48,16 +48,17 @@ def step_dir(folder: str, step: int) -> str:
 
 def states_held(path: str) -> set[str]:
     """The :data:`TRAINING_STATES` a complete step folder holds (empty: the model only).
-    Its ``.metadata`` is read through ``boost_titan.checkpoint.safe_metadata`` (a crafted file is
-    refused, naming the folder); a Hugging Face step folder holds the model only."""
-    meta = os.path.join(path, ".metadata")
-    if not os.path.isfile(meta):
-        return set()
-    from boost_titan.checkpoint import safe_metadata
+    The step is opened through ``boost_titan.checkpoint.integrity`` (its manifest and
+    ``.metadata``'s bytes verified before ``.metadata`` is unpickled, allowlisted): a
+    damaged step raises its one-line ``ChecksumMismatch``, a crafted one is refused; a
+    Hugging Face step folder holds the model only."""
+    from boost_titan.checkpoint.integrity.step import states_held as held
 
-    with open(meta, "rb") as f:
-        keys = safe_metadata.load(f, path).state_dict_metadata
-    return {k.split(".", 1)[0] for k in keys} & set(TRAINING_STATES)
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        if os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
+            held(path)  # a sealed Hugging Face folder is checked too
+        return set()
+    return held(path) & set(TRAINING_STATES)
 
 
 def missing_states(path: str, excluded) -> list[str]:

@@ -4,17 +4,19 @@ checkpoint behaviour of a run is reached from this class:
 ==========================  ==========================================  =====================
 method                      what boost_titan adds                       where the logic is
 ==========================  ==========================================  =====================
-``load``                    a corrupted newest step is set aside and    ``integrity``
-                            the step before it loaded; the log says
-                            what was loaded (below)
+``load``                    rank 0 picks the newest step that opens,    ``integrity``
+                            setting damaged newer ones aside, and
+                            broadcasts it; the log says what was
+                            loaded (below)
 ``dcp_load``                the data position checked against this      ``data_position``
                             run's loader (old kinds refused in one line)
-``dcp_save``,               a save failing on the disk ends the run     ``checkpoint_save``
+``dcp_save``,               a save failing on the disk ends the run     ``save``
 ``_async_wait``             on one line, the partial folder removed
 ``save``                    the initial_load_path record; exactly       here
                             keep_latest_k step folders at the end
-(every DCP read / write)    checksums written and verified; .metadata   ``integrity``,
-                            unpickled with an allowlist                 ``safe_metadata``
+(every DCP read / write)    steps sealed (manifest) and opened through  ``integrity``,
+                            it first; .metadata unpickled with an       ``safe_metadata``
+                            allowlist
 ==========================  ==========================================  =====================
 
 In detail, here:
@@ -43,6 +45,7 @@ In detail, here:
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import torch.distributed as dist
@@ -76,14 +79,48 @@ class BoostCheckpointManager(CheckpointManager):
 
     # ------------------------------------------------------------------ load
     def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
+        if from_hf and os.path.isfile(os.path.join(checkpoint_id, integrity.MANIFEST)):
+            self._verify_hf(checkpoint_id)
         if self.data_position is not None:
             state_dict = self.data_position.adapt(state_dict, checkpoint_id, from_hf)
         states = [s for s in cf.TRAINING_STATES if s in state_dict]
         super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        if "train_state" in states:
+            self._check_step(checkpoint_id)
         self._loaded = (checkpoint_id, states, from_hf)
+
+    def _verify_hf(self, folder: str) -> None:
+        """A sealed Hugging Face folder: rank 0 checks every file before any rank reads."""
+        problems = integrity.verify(folder) if _rank0() else []
+        if dist.is_initialized():
+            box = [problems]
+            dist.broadcast_object_list(box, src=0)
+            problems = box[0]
+        if problems:
+            raise integrity.ChecksumMismatch(problems[0])
+
+    def _check_step(self, checkpoint_id: str) -> None:
+        """A full step-N holds train_state.step N (a whole step copied or linked under
+        another step's name fails here if nothing else caught it)."""
+        m = re.fullmatch(r"step-(\d+)", os.path.basename(os.path.normpath(checkpoint_id)))
+        saved = self.states["train_state"].step
+        if m and saved != int(m[1]):
+            raise integrity.ChecksumMismatch(
+                f"checkpoint {checkpoint_id} is corrupted: its train_state.step is {saved}, "
+                f"the folder is step {m[1]} (a step saved under another step's name); not loaded"
+            )
 
     def load(self, step: int = -1) -> bool:
         return integrity.load_past_corruption(self, self._load_and_report, step)
+
+    _agreed_step: int | None = None  # the step rank 0 chose to resume (integrity.resume)
+
+    def _find_load_step(self, folder: str = "") -> int:
+        """The step every rank resumes: rank 0's choice while a load is in progress
+        (ranks never list the folder themselves then), else torchtitan's listing."""
+        if self._agreed_step is not None and not folder:
+            return self._agreed_step
+        return super()._find_load_step(folder)
 
     def _load_and_report(self, step: int = -1) -> bool:
         if not self.enable:
@@ -98,7 +135,7 @@ class BoostCheckpointManager(CheckpointManager):
             bool(self.initial_load_path)
             and step == -1
             and os.path.isdir(self.folder)
-            and not cf.complete_steps(self.folder)
+            and self._find_load_step() < 0  # rank 0's listing (integrity.resume)
         )
         folder = self.folder
         if redirect:

@@ -160,32 +160,30 @@ def _where() -> str:
     return _loading or "(a folder not read through boost_titan.checkpoint.safe_metadata)"
 
 
-# Set by boost_titan.checkpoint.integrity.install(): ``metadata_check(reader, path, data, parse)``
-# gets the bytes of each .metadata before they are unpickled (it verifies their
-# checksum) and returns ``parse()``, the Metadata unpickled from them by :func:`loads`.
-metadata_check: Callable[..., Metadata] | None = None
+# Set by boost_titan.checkpoint.integrity.install(): ``metadata_reader(reader, folder)``
+# opens the step folder of a local DCP load itself (its manifest and the bytes of its
+# .metadata verified first) and returns its Metadata, unpickled by :func:`loads`.
+metadata_reader: Callable[..., Metadata] | None = None
 
 
 def read_metadata(self: filesystem.FileSystemReader, *args: Any, **kwargs: Any) -> Metadata:
-    """``FileSystemReader.read_metadata`` of torch 2.13 with :func:`loads` (after
-    :data:`metadata_check`) in place of ``pickle.load``; the rest is torch's, line for
+    """``FileSystemReader.read_metadata`` of torch 2.13 with :data:`metadata_reader`
+    (else :func:`loads`) in place of ``pickle.load``; the rest is torch's, line for
     line."""
     global _loading
-    path = self._get_metadata_path(kwargs.get("rank"))
+    rank = kwargs.get("rank")
+    path = self._get_metadata_path(rank)
     _loading = folder = os.fspath(Path(os.fspath(path)).parent)
-    with self.fs.create_stream(path, "rb") as metadata_file:
-        data = metadata_file.read()
-
-    def parse() -> Metadata:
+    if metadata_reader is not None and rank is None and type(self.fs) is filesystem.FileSystem:
+        metadata = metadata_reader(self, folder)
+    else:
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            data = metadata_file.read()
         metadata = loads(data, folder)
         if not isinstance(metadata, Metadata):
             raise _refusal(
-                folder,
-                f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata",
+                folder, f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata"
             )
-        return metadata
-
-    metadata = parse() if metadata_check is None else metadata_check(self, path, data, parse)
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = StorageMeta()
     metadata.storage_meta.load_id = self.load_id

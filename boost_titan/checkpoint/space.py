@@ -3,25 +3,27 @@ checkpoints the run will keep.
 
 A DCP save writes every tensor chunk and every other value (optimizer settings, LR
 schedule, data position, step) as one item: a ``torch.save`` zip in a ``__R_0.distcp``
-file, indexed in ``.metadata``. So a checkpoint's size is the tensors' bytes (each
-DTensor once, at its global shape; a replicated one once) plus a fixed cost per item.
-Measured on torch 2.13 (the CoLA debug model, TP2: 1280 items, 67,472,213 bytes): a
-tensor chunk's zip adds 1577 bytes, a small value's 1261 bytes in all, ``.metadata``
-~275 bytes per item; the constants below round these up.
+file, indexed in ``.metadata`` and sealed in the step's manifest
+(``integrity.manifest``). So a checkpoint's size is the tensors' bytes (each DTensor
+once, at its global shape; a replicated one once) plus a fixed cost per item. Measured
+on torch 2.13 (the CoLA debug model, TP2: 1280 items): a tensor chunk's zip adds
+~1550 bytes, a small value's ~1250 bytes in all, ``.metadata`` ~275 bytes and the
+manifest ~117 bytes per item; the constants below round these up.
 
 Before the first step the optimizer has no state yet (torch creates it in the first
 ``step``; asking for its state dict then would run a zero-lr step): its state is
 predicted from the optimizer's kind, the moments it keeps per parameter
 (:data:`OPTIMIZER_STATES`). Once it has state, the real state dict is measured.
 
-Every rank measures what it would save and the ranks exchange their lists, once: under
-pipeline parallelism each stage holds other FQNs, and the data loader's position is
-kept per data-parallel rank.
+Every rank measures what it would save and the ranks exchange what differs, once
+(:func:`global_items`): under pipeline parallelism each stage holds other FQNs, and the
+data loader's position is kept per data-parallel rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import pickle
 import re
@@ -32,10 +34,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 # zip container of one torch.save'd tensor chunk; of one pickled value (bytes beyond its
-# pickle); .metadata's entry per item (index + storage info + FQN)
+# pickle); .metadata's and the manifest's entries per item (FQN, place, digests)
 TENSOR_ITEM_BYTES = 1600
 VALUE_ITEM_BYTES = 1250
-METADATA_ITEM_BYTES = 300
+METADATA_ITEM_BYTES = 420
 
 # optimizer class name -> (moment tensors per parameter, each shaped like it; whether
 # the step counter is a 0-dim float32 tensor (torch's Adam) or a Python int (LORO))
@@ -151,15 +153,32 @@ def local_items(states: dict[str, Any], predict_optimizer: bool) -> tuple[dict[s
     return items, unknown
 
 
+_PER_RANK = ("dataloader.",)  # keys each data-parallel rank holds for itself
+
+
 def global_items(items: dict[str, Item]) -> dict[str, Item]:
-    """Every rank's items, merged by key (collective over the default group)."""
+    """Every rank's items, merged by key (collective over the default group), without
+    sending every rank's table to every rank: ranks holding the same table (all of a
+    pipeline stage's TP/FSDP ranks) are found by a digest of it, and one rank of each
+    distinct table broadcasts it; only the per-rank keys (each data-parallel rank's
+    data position, a few bytes) are gathered from every rank."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return dict(items)
-    gathered: list[dict[str, Item] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, items)
+    own = {k: v for k, v in items.items() if k.startswith(_PER_RANK)}
+    shared = {k: v for k, v in items.items() if not k.startswith(_PER_RANK)}
+    digest = hashlib.sha256(pickle.dumps(sorted(shared.items()))).hexdigest()
+    gathered: list[tuple[str, dict[str, Item]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (digest, own))
+    leaders: dict[str, int] = {}
+    for rank, entry in enumerate(gathered):
+        leaders.setdefault(entry[0], rank)
     merged: dict[str, Item] = {}
-    for part in gathered:
-        merged.update(part or {})
+    for leader in sorted(leaders.values()):
+        box = [shared if dist.get_rank() == leader else None]
+        dist.broadcast_object_list(box, src=leader)
+        merged.update(box[0] or {})
+    for _digest, per_rank in gathered:
+        merged.update(per_rank)
     return merged
 
 

@@ -16,9 +16,9 @@ With ``--format hf`` export writes, and import reads, a Hugging Face model folde
 instead of one safetensors file (:mod:`boost_titan.checkpoint.hf.convert`,
 docs/huggingface.md); plain export / import: :mod:`boost_titan.checkpoint.export`.
 
-``verify`` checks every byte of a checkpoint against the checksums its save recorded
+``verify`` checks a checkpoint step against its manifest, every byte
 (:mod:`boost_titan.checkpoint.integrity`), without loading it or any config: exit 0 when
-it verifies, 1 with one line per bad item.
+it verifies, 1 with one line per problem.
 
 Bad input is one line and exit 1; nothing is written (every output is renamed into
 place when complete). What the commands write has the permissions of any other file the
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cpu_runtime.activate()  # before torchtitan is imported (via the config)
     safe_metadata.install()  # .metadata is unpickled with an allowlist, never plain pickle
-    integrity.install()  # checksummed saves (import), verified loads (export)
+    integrity.install()  # sealed saves (import), verified loads (export)
     if argv[:1] == ["verify"]:  # no config: it reads nothing but the checkpoint
         raise SystemExit(integrity.main(argv[1:]))
     if argv[:1] == ["from-dense"]:  # a dense LLaMA -> a low-rank model (its own options)
@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="boost-titan checkpoint",
         description="Export a DCP checkpoint to one safetensors file, or import one back. "
         "Other arguments (--job.config_file, --model.*, --boost.*) define the model. "
-        "`verify PATH` checks a checkpoint's checksums instead (see `verify --help`); "
-        "`from-dense` converts a dense LLaMA into a low-rank model (see `from-dense --help`).",
+        "`verify PATH` checks a checkpoint step against its manifest instead "
+        "(see `verify --help`); `from-dense` converts a dense LLaMA into a low-rank model "
+        "(see `from-dense --help`).",
     )
     p.add_argument("command", choices=["export", "import", "verify"])
     p.add_argument(

@@ -29,7 +29,8 @@ COMMANDS: dict[str, Command] = {
     "checkpoint": Command(
         "boost_titan.cli.checkpoint",
         "export / import a checkpoint's weights (safetensors or a Hugging Face folder), "
-        "verify a checkpoint's checksums, start a low-rank model from a dense one (from-dense)",
+        "verify a checkpoint step against its manifest, start a low-rank model from a dense one "
+        "(from-dense)",
     ),
     "eval": Command(
         "boost_titan.cli.eval",

@@ -23,11 +23,13 @@ permission at     bytes needed and free; the partial folder is        estimate: 
 a save            removed at once, the previous checkpoint named;     space``
                   at start, a warning if the checkpoints the run
                   keeps will not fit in the free space
-corrupted         a checksum mismatch while resuming from the newest  ``boost_titan.checkpoint.
-checkpoint        step: it is renamed ``step_N.corrupt`` and the      integrity``
-                  step before it loaded (the log names the item and
-                  the steps lost); a named checkpoint fails; the
-                  NaN stop names the last checkpoint that verifies
+damaged           a step that fails its seal (a digest, a missing or  ``boost_titan.checkpoint.
+checkpoint        foreign file, a bad manifest or .metadata) while    integrity``
+                  resuming: rank 0 renames it ``step_N.corrupt`` and
+                  every rank loads the newest step that opens (the
+                  log names the problem and the steps lost); a named
+                  checkpoint fails on one line; the NaN stop names
+                  the last checkpoint that verifies
 ================  ==================================================  ==============================
 
 Both per-step decisions (skip this update? stop for preemption?) must be the same on

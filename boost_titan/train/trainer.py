@@ -23,6 +23,7 @@ from torchtitan.train import Trainer
 from boost_titan.checkpoint import integrity, safe_metadata
 from boost_titan.checkpoint import manager as checkpoint_manager
 from boost_titan.checkpoint import save as checkpoint_save
+from boost_titan.checkpoint.hf import adapters as hf_adapters
 from boost_titan.observability import comm_traces, dashboard, log_filters
 from boost_titan.observability.step_profile import (
     SUMMARY_TAG,
@@ -52,8 +53,10 @@ def install() -> None:
     # every checkpoint this process loads (resume, initial_load_path) has its .metadata
     # unpickled with an allowlist: a crafted checkpoint cannot run code
     safe_metadata.install()
-    # every checkpoint it saves is checksummed and every one it loads verified as read
+    # every checkpoint it saves is sealed and every one it loads verified first and as read
     integrity.install()
+    # Hugging Face saves (last_save_in_hf) write {"format": "pt"} safetensors metadata
+    hf_adapters.install()
     # the log names the checkpoint loaded (or none); runs end with keep_latest_k steps
     checkpoint_manager.install()
     # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
@@ -87,9 +90,11 @@ class BoostTrainer(Trainer):
       TensorBoard, one console line, and HFU beside MFU;
     * faults (``boost_titan.train.fault``): a non-finite step is never applied
       (``[boost] nan_policy``), SIGTERM saves a checkpoint of the current step and ends
-      the run cleanly, cut-off checkpoints are set aside before resuming, a corrupted
-      newest checkpoint (``boost_titan.checkpoint.integrity``) is set aside and the one before it
-      loaded, a save that fails on the disk ends the run on one line
+      the run cleanly (async saves waited for), cut-off checkpoints are set aside before
+      resuming, damaged newer steps (``boost_titan.checkpoint.integrity``) are set aside
+      and the newest one that opens loaded on every rank, a damaged or refused checkpoint
+      the user named ends the run on its line (exit 1, ``trainer.close()`` run), a save
+      that fails on the disk ends the run on one line
       (``boost_titan.checkpoint.save``), and
       ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this;
 
@@ -138,9 +143,10 @@ class BoostTrainer(Trainer):
         try:
             super().train()
         except BaseException as e:
-            # a refused checkpoint ends the run on its own line, not on DCP's per-rank report
-            refused = safe_metadata.refusal_in(e)
-            if refused is None:
+            # a refused or damaged checkpoint ends the run on its own line, not on DCP's
+            # per-rank report
+            refused = safe_metadata.refusal_in(e) or integrity.mismatch_in(e)
+            if refused is None or refused is e:
                 raise
             raise refused from None
         finally:
@@ -181,20 +187,31 @@ class BoostTrainer(Trainer):
         return True
 
     def _save_for_preemption(self) -> None:
+        """A full checkpoint of this step, on disk before the status file says so: an
+        async save in flight (``[checkpoint] async_mode``) is waited for first (an
+        interval save of this very step is not saved again), and the preemption save
+        is waited for before the process group ends. Whether this step is already
+        saved is rank 0's reading, broadcast (ranks must agree on a collective save)."""
         ckpt = self.checkpointer
         path = ckpt._create_checkpoint_id(self.step)
-        if not os.path.isfile(os.path.join(path, ".metadata")):
+        ckpt._async_wait()
+        saved = [os.path.isfile(os.path.join(path, ".metadata"))]
+        if torch.distributed.is_initialized():
+            torch.distributed.broadcast_object_list(saved, src=0)
+        if not saved[0]:
             interval, ckpt.interval = ckpt.interval, 1  # a full (not last-step) save, now
             try:
                 ckpt.save(self.step)
             finally:
                 ckpt.interval = interval
+            ckpt._async_wait()
         logger.warning(
             f"Preempted (SIGTERM): checkpoint of step {self.step} at {path}; "
             "run the same command again to resume from it"
         )
         status_file = os.environ.get(fault.STATUS_FILE_ENV)
-        if status_file and torch.distributed.get_rank() == 0:
+        distributed = torch.distributed.is_initialized()
+        if status_file and (not distributed or torch.distributed.get_rank() == 0):
             with open(status_file, "w") as f:
                 f.write(f"preempted step={self.step} checkpoint={path}\n")
 
@@ -270,7 +287,15 @@ def main(argv: list[str] | None = None) -> None:
         if cpu_runtime.is_active():  # no gloo teardown at interpreter exit (as a finished run)
             cpu_runtime.exit_after_clean_shutdown(1)
         raise
-    except Exception:
+    except (integrity.ChecksumMismatch, safe_metadata.UntrustedCheckpointError) as e:
+        # a damaged or refused checkpoint: its one line, exit 1, no traceback
+        logger.error(str(e))
+        if trainer:
+            trainer.close()
+        if cpu_runtime.is_active():
+            cpu_runtime.exit_after_clean_shutdown(1)
+        raise SystemExit(1) from None
+    except BaseException:  # a refusal raised as SystemExit (data_position) closes too
         if trainer:
             trainer.close()
         raise

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from typing import Any
 
 import torch
@@ -126,14 +127,55 @@ def finish_hf_save(checkpoint_id: str, sd_adapter, dtype: torch.dtype) -> None:
     """After torchtitan's HF save (rank 0, once every rank has consolidated): remove
     ``<step>/sharded``, each rank's part that torchtitan's writer consolidated into
     ``<step>/model-*.safetensors`` and left behind (the model a second time on disk),
-    and write config.json where the layout's model class needs nothing else."""
+    write config.json where the layout's model class needs nothing else, and seal the
+    folder (``integrity.seal_folder``: every file's digests in ``.manifest.json``);
+    the other ranks wait until it is sealed."""
+    from boost_titan.checkpoint.integrity import seal_folder
+
     if dist.is_initialized():
         dist.barrier()
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return
-    shards = os.path.join(checkpoint_id, "sharded")
-    consolidated = [f for f in os.listdir(checkpoint_id) if f.endswith(".safetensors")]
-    if os.path.isdir(shards) and consolidated:
-        shutil.rmtree(shards)
-    if isinstance(sd_adapter, FormatStateDictAdapter) and sd_adapter.config_beside_save:
-        sd_adapter.write_config(checkpoint_id, dtype)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        shards = os.path.join(checkpoint_id, "sharded")
+        consolidated = [f for f in os.listdir(checkpoint_id) if f.endswith(".safetensors")]
+        if os.path.isdir(shards) and consolidated:
+            shutil.rmtree(shards)
+        if isinstance(sd_adapter, FormatStateDictAdapter) and sd_adapter.config_beside_save:
+            sd_adapter.write_config(checkpoint_id, dtype)
+        seal_folder(checkpoint_id)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# ---------------------------------------------------------------- {"format": "pt"}
+
+_torch_write_metadata = None
+
+
+def _write_metadata_format_pt(output_files_data) -> None:
+    """torch's consolidation header writer (``_write_metadata``), then each header
+    rewritten with ``"__metadata__": {"format": "pt"}`` (padded to 8 bytes, as
+    safetensors' own writer does), before any tensor data follows it: transformers
+    (4.47, what the CoLA authors' code runs on) reads that key from every safetensors
+    file it loads and fails on a file without it."""
+    _torch_write_metadata(output_files_data)
+    for path, data in output_files_data.items():
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        extra = header.pop("__metadata__", None) or {}
+        raw = json.dumps({"__metadata__": {**extra, "format": "pt"}, **header}).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(path, "wb") as f:  # only the header is in the file yet
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            data.metadata_size = f.tell()
+
+
+def install() -> None:
+    """Every Hugging Face save of this process (``last_save_in_hf``) writes safetensors
+    with ``{"format": "pt"}`` metadata (idempotent)."""
+    global _torch_write_metadata
+    from torch.distributed.checkpoint import _consolidate_hf_safetensors as consolidate
+
+    if consolidate._write_metadata is not _write_metadata_format_pt:
+        _torch_write_metadata = consolidate._write_metadata
+        consolidate._write_metadata = _write_metadata_format_pt

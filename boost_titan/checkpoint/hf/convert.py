@@ -9,7 +9,8 @@ import: a folder -> a model-only DCP checkpoint (``step-0``) that training loads
 (layout by ``model_type``) describes the same architecture, shapes and ranks as the
 config (else one error naming the differing fields), its tensors are exactly the model's
 (else one error naming the missing / extra / mis-shaped ones), and it carries a tokenizer
-that fits the model's vocabulary. Nothing is written on any error.
+that fits the model's vocabulary; a folder a ``last_save_in_hf`` save sealed is verified
+first. Nothing is written on any error.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def import_hf(job_config, folder: str, out_dir: str) -> Path:
     if out.exists():
         raise FileExistsError(f"{out_dir!r} exists; import writes a new checkpoint folder")
     where = f"folder {folder!r}"
+    _verify_if_sealed(folder)
     config = read_hf_config(folder)
     fmt = format_for_config(config, f"{folder}/config.json")
     args, model = model_for(job_config)
@@ -89,3 +91,16 @@ def import_hf(job_config, folder: str, out_dir: str) -> Path:
         model_desc(job_config),
     )
     return write_dcp_model(state, out)
+
+
+def _verify_if_sealed(folder: str) -> None:
+    """A folder sealed by a ``last_save_in_hf`` save is checked, every file, before any
+    is read (one line on a mismatch); other folders (the Hub's) carry no seal."""
+    import os
+
+    from boost_titan.checkpoint import integrity
+
+    if os.path.isfile(os.path.join(folder, integrity.MANIFEST)):
+        problems = integrity.verify(folder)
+        if problems:
+            raise integrity.ChecksumMismatch(problems[0])

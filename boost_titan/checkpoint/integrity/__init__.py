@@ -1,66 +1,63 @@
-"""A DCP checkpoint is never silently wrong: every byte a save writes is checksummed,
-every load verifies what it reads before the state is used.
+"""A checkpoint step is one sealed object: every byte bound to its step, checked before
+it is used, and the files stay plain DCP that stock PyTorch reads.
 
 :func:`install` (idempotent; the entry points that save or load checkpoints call it,
 next to ``safe_metadata.install()``) makes every DCP save and load of the process do this:
 
-- **items** (each tensor chunk and each pickled item DCP writes into a ``__R_F.distcp``
-  file): :class:`Xxh3Trailer`, a DCP ``StreamTransformExtension``, hashes the item's
-  bytes as they stream to the file, one xxh3_64 digest per MiB, and appends the digests
-  and a 20-byte footer (length, block size, magic). ``FileSystemWriter`` uses it unless
-  the caller passes its own ``_extensions`` (torchtitan's ``dcp.save(state,
-  checkpoint_id=...)`` and ``dcp.async_save`` pass none); ``.metadata`` records it per
-  item (``transform_descriptors = ["boost_titan.xxh3/1"]``; ``length`` includes the
-  trailer). On load, ``torch.load`` reads each item through the extension's reader,
-  which checks every MiB block against its digest as it is read and before the read
-  returns (whole blocks straight into torch's buffer, then hashed; the blocks torch
-  reads in pieces, the archive's head and tail, read whole once and served from
-  memory): no second pass, no extra copy. On every rank, for every layout, resharded
-  loads included (a rank reads the whole stored chunks its shards overlap).
-- **.metadata**: a sidecar ``.metadata.xxh3`` (JSON: algorithm, digest, bytes) is
-  written, atomically, before ``.metadata`` is renamed into place; a load checks it
-  before ``.metadata`` is unpickled (in ``safe_metadata``'s allowlisted reader).
+- **save**: each item (tensor chunk or pickled value) is digested as it streams to its
+  ``__R_F.distcp`` file, one xxh3_64 per MiB (``blocks``: hashed beside the write, by a
+  helper thread), and the digests travel with DCP's write results to the coordinator,
+  which writes the step's manifest ``.manifest.json`` (``manifest``: save id, step N,
+  every item's FQN, chunk, file, offset, length and digests, every file's size, the
+  digests of ``.metadata``) atomically, then ``.metadata``, whose presence marks the step
+  complete. ``.metadata`` is what torch writes (one string added to
+  ``storage_meta.modules``): no transform, no trailer.
+- **load**: every reader of a step opens it through :func:`~.step.open_step` first: the
+  folder is no link, the manifest verifies and names the folder's step, every file is a
+  regular file inside the folder of its recorded size, ``.metadata``'s bytes match
+  before it is unpickled (allowlisted) and it lists the manifest's items; then DCP reads
+  each item through a reader that checks every MiB against the manifest as it reads it,
+  before the read returns, on every rank, in every layout, resharding included.
+- **a damaged step** is one line (:class:`ChecksumMismatch`) naming the folder, the file
+  and what differs: a flipped bit, a file from another step or run, two items swapped,
+  a missing or cut file, a path outside the folder, a FIFO, a bad manifest or
+  ``.metadata``, a step saved under another step's name. Resuming from the dump folder,
+  rank 0 sets such a step aside (``step_N.corrupt``) and every rank loads the newest one
+  that opens (``resume.load_past_corruption``); a checkpoint the user named fails on the
+  line. ``verify`` (:func:`check`, ``boost-titan checkpoint verify PATH``) checks a step
+  without loading it.
 
-A mismatch is one line (:class:`ChecksumMismatch`) naming the step folder, the file,
-the item (FQN, chunk offset), the bytes and the expected and found digests;
-:func:`mismatch_in` finds it inside DCP's per-rank ``CheckpointException`` (every rank
-gets every rank's failure). :func:`load_past_corruption` makes the trainer set a
-corrupted newest step aside (``step_N.corrupt``) and resume from the one before;
-:func:`check` / ``boost-titan checkpoint verify PATH`` verify a checkpoint
-without loading it.
-
-A checkpoint without any checksum (written before boost_titan checksummed checkpoints,
-or by a writer given ``_extensions=()``) loads with one warning that it is unverified.
-Half and half (a sidecar but items without checksums, or the reverse) is refused: that
-is not something any save writes.
+Older steps: a step with the per-item trailers boost_titan wrote before (``legacy``:
+``boost_titan.xxh3/1`` and a ``.metadata.xxh3`` sidecar) loads with each item checked
+against its own trailer and a warning that nothing binds it to its step; a step with
+no checksum at all (torchtitan's own, or another writer's) loads with one warning that
+it is unverified. A step whose ``.metadata`` says it was sealed but whose manifest is
+gone is damaged. Cost: ``benchmarks/checkpoint_integrity.py``; what is and is not
+checked: docs/checkpoints.md.
 
 DCP's process-based async save (``async_mode = "async_with_pinned_mem"``) writes in a
-spawned process: the writer it pickles there carries the extension, whose unpickling
-installs the save side (:func:`install_saving`). Not covered: torchtitan's HF
-safetensors checkpoints (``last_save_in_hf``; their own writer, no ``.metadata``: a
-trailer does not belong in files other tools read). Cost:
-``benchmarks/checkpoint_integrity.py``.
+spawned process: every writer carries an object whose unpickling installs the save
+side there (:func:`install_saving`). Hugging Face folders written by
+``last_save_in_hf`` are sealed by ``checkpoint.hf.adapters.finish_hf_save``
+(:func:`seal_folder`: every file's digests)."""
 
-Checkpoints written with checksums need this module to load: plain DCP does not know
-the ``boost_titan.xxh3`` extension (``ValueError: Unknown extension``); call
-``boost_titan.checkpoint.integrity.install()`` first."""
-
-from boost_titan.checkpoint.integrity.dcp_hooks import (  # noqa: F401  (the API, by job)
-    Xxh3Trailer,
+from boost_titan.checkpoint.integrity.blocks import (  # noqa: F401  (the API, by job)
+    ALGORITHM,
+    BLOCK,
+    ChecksumMismatch,
+    VerifyingReader,
+    mismatch_in,
+)
+from boost_titan.checkpoint.integrity.dcp_hooks import (  # noqa: F401
     install,
     install_saving,
     installed,
+    unverified_line,
 )
+from boost_titan.checkpoint.integrity.folder_seal import seal_folder  # noqa: F401
+from boost_titan.checkpoint.integrity.manifest import NAME as MANIFEST  # noqa: F401
 from boost_titan.checkpoint.integrity.resume import load_past_corruption  # noqa: F401
-from boost_titan.checkpoint.integrity.trailer import (  # noqa: F401
-    ALGORITHM,
-    BLOCK,
-    DESCRIPTOR,
-    SIDECAR_SUFFIX,
-    ChecksumMismatch,
-    _VerifyingReader,
-    mismatch_in,
-)
+from boost_titan.checkpoint.integrity.step import open_step, states_held  # noqa: F401
 from boost_titan.checkpoint.integrity.verify import (  # noqa: F401
     Verification,
     check,

@@ -1,306 +1,238 @@
-"""Checksums inside DCP: the ``boost_titan.xxh3`` stream extension on every item, the
-``.metadata`` sidecar written before ``.metadata`` is renamed in and checked before it
-is unpickled, and :func:`install`, which puts both into this process's DCP."""
+"""Sealed steps inside DCP: the save digests every item as it streams to its file and
+writes the step's manifest before ``.metadata``; the load opens the step through
+:func:`~.step.open_step` and checks every item against the manifest as it reads it.
+:func:`install` puts both into this process's DCP. The files DCP writes stay plain
+DCP: no transform, no trailer, nothing in ``.metadata`` that stock torch does not read."""
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import pickle
-from collections.abc import Callable, Sequence
-from io import UnsupportedOperation
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 from torch.distributed.checkpoint import filesystem
-from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 from torch.distributed.checkpoint.metadata import Metadata
 
 from boost_titan.checkpoint import safe_metadata
-from boost_titan.checkpoint.integrity.trailer import (
-    _NOT_LOADED,
-    ALGORITHM,
-    DESCRIPTOR,
-    NAME,
-    SIDECAR_SUFFIX,
+from boost_titan.checkpoint.integrity import legacy
+from boost_titan.checkpoint.integrity import manifest as mf
+from boost_titan.checkpoint.integrity.blocks import (
     ChecksumMismatch,
-    _describe,
-    _digest,
-    _HashingWriter,
-    _Item,
-    _reading,
-    _VerifyingReader,
+    Digests,
+    HashingStream,
+    Item,
+    VerifyingReader,
+    describe,
+    segment_blocks,
+    segment_digests,
 )
+from boost_titan.checkpoint.integrity.step import TRAILERS, UNVERIFIED, open_step
 
 logger = logging.getLogger()  # torchtitan's logger (the root logger), as boost_titan.train.fault
 
+_DIGESTS = "_boost_digests"  # an item's digests, on its _StorageInfo until finish()
 
-class Xxh3Trailer(StreamTransformExtension):
-    """DCP stream extension ``boost_titan.xxh3/1``: an xxh3_64 trailer per item."""
 
-    @staticmethod
-    def registry_name() -> str:
-        return NAME
-
-    @staticmethod
-    def from_descriptor(version: str) -> Xxh3Trailer:
-        if version != "1":
-            raise ValueError(
-                f"checkpoint item checksum {NAME}/{version} is not one this boost_titan "
-                f"reads ({DESCRIPTOR}): written by a newer version"
-            )
-        return Xxh3Trailer()
-
-    def get_descriptor(self) -> str:
-        return DESCRIPTOR
+class _SealsWhereUnpickled:
+    """Carried by every writer (``writer._boost_seal``): DCP's process-based async save
+    (``async_with_pinned_mem``) pickles the writer into a fresh process, where
+    unpickling this installs the save side before the writer is used."""
 
     def __reduce__(self):
-        # DCP's process-based async save pickles the writer into a fresh process:
-        # the trailer brings the sidecar with it there (install_saving)
-        return (_trailer_in_this_process, ())
-
-    def transform_to(self, output: IO[bytes]) -> IO[bytes]:
-        return cast(IO[bytes], _HashingWriter(output))
-
-    def transform_from(self, input: IO[bytes]) -> IO[bytes]:
-        return cast(IO[bytes], _VerifyingReader(input))
+        return (_saving_installed_here, ())
 
 
-def _trailer_in_this_process() -> Xxh3Trailer:
+def _saving_installed_here() -> _SealsWhereUnpickled:
     install_saving()
-    return Xxh3Trailer()
+    return _SealsWhereUnpickled()
 
 
-# ---------------------------------------------------------------- DCP hooks
+# ---------------------------------------------------------------- saving
 
 _torch_writer_init = filesystem._FileSystemWriter.__init__
 _torch_finish = filesystem._FileSystemWriter.finish
-_torch_registry_init = ExtensionRegistry.__init__
+_torch_prepare_local_plan = filesystem._FileSystemWriter.prepare_local_plan
+_torch_write_item = filesystem._write_item
 _torch_transform_load_stream = filesystem._StorageReaderTransforms.transform_load_stream
+
+
 _WRITER_SIGNATURE = inspect.signature(_torch_writer_init)
 
 
 def _writer_init(self, *args: Any, **kwargs: Any) -> None:
-    """``_FileSystemWriter.__init__`` with ``_extensions`` defaulting to the trailer for
-    torch.save items (not safetensors: torchtitan's HF writer writes raw tensor bytes
-    that other tools read, where a trailer would not belong)."""
+    """torch's, with the writer marked: it seals its step unless the caller passed
+    ``_extensions`` (``_extensions=()``: a plain, unsealed DCP save, as torch writes)."""
+    _torch_writer_init(self, *args, **kwargs)
     bound = _WRITER_SIGNATURE.bind(self, *args, **kwargs)
-    bound.apply_defaults()
-    arguments = bound.arguments
-    if (
-        arguments["_extensions"] is None
-        and arguments["serialization_format"] == filesystem.SerializationFormat.TORCH_SAVE
+    self.transforms._boost_unsealed = bound.arguments.get("_extensions") is not None
+    self._boost_seal = _SealsWhereUnpickled()
+
+
+def _prepare_local_plan(self, plan):
+    """torch's, after refusing a step folder that is a symbolic link (every rank: DCP
+    gathers the refusal): a save never writes through a link into another step."""
+    path = os.fspath(self.path)
+    if isinstance(self.fs, filesystem.FileSystem) and os.path.islink(path.rstrip("/")):
+        raise ChecksumMismatch(
+            f"checkpoint save refused: {path} is a symbolic link (to {os.readlink(path)}); "
+            "a save writes a real step folder, never through a link into another one"
+        )
+    return _torch_prepare_local_plan(self, plan)
+
+
+def _write_item(transforms, stream, data, write_item, storage_key, serialization_format):
+    """torch's ``_write_item`` with the bytes digested as they stream to the file."""
+    if serialization_format != filesystem.SerializationFormat.TORCH_SAVE or getattr(
+        transforms, "_boost_unsealed", True
     ):
-        arguments["_extensions"] = (Xxh3Trailer(),)
-    _torch_writer_init(*bound.args, **bound.kwargs)
+        return _torch_write_item(
+            transforms, stream, data, write_item, storage_key, serialization_format
+        )
+    hashing = HashingStream(stream, keep=data)
+    result = _torch_write_item(
+        transforms, hashing, data, write_item, storage_key, serialization_format
+    )
+    # travels with the result to the coordinator (resolved when it is gathered)
+    setattr(result.storage_data, _DIGESTS, hashing.finish())
+    return result
 
 
-def _writes_checksums(writer) -> bool:
-    transforms = getattr(writer, "transforms", None)
-    return any(isinstance(e, Xxh3Trailer) for e in getattr(transforms, "extensions", ()))
-
-
-def _sync(stream, sync_files: bool) -> None:
+def _sync(f, sync_files: bool) -> None:
     if sync_files:
-        try:
-            os.fsync(stream.fileno())
-        except (AttributeError, UnsupportedOperation):
-            os.sync()
+        os.fsync(f.fileno())
 
 
 def finish(self, metadata: Metadata, results) -> None:
-    """``_FileSystemWriter.finish`` of torch 2.13, line for line, plus the sidecar: the
-    metadata is pickled once, its digest written to ``<name>.xxh3`` (tmp + rename)
-    before ``<name>`` is renamed into place, so a complete checkpoint always has both."""
-    if not _writes_checksums(self):
+    """``_FileSystemWriter.finish`` of torch 2.13 with the manifest: the items' digests
+    are taken off their storage records (``.metadata`` stays what torch writes, plus a
+    ``boost_titan.seal/1`` entry in ``storage_meta.modules``), the manifest is written
+    (tmp + rename) and only then ``.metadata``, whose presence marks the step complete."""
+    pairs = [(wr.index, wr.storage_data) for wr_list in results for wr in wr_list]
+    digests = [info.__dict__.pop(_DIGESTS, None) for _, info in pairs]
+    per_rank = not self.use_collectives and self.rank is not None
+    if per_rank or not isinstance(self.fs, filesystem.FileSystem) or None in digests:
         return _torch_finish(self, metadata, results)
     metadata.version = filesystem.CURRENT_DCP_VERSION
-    storage_md = {}
-    for wr_list in results:
-        storage_md.update({wr.index: wr.storage_data for wr in wr_list})
-    metadata.storage_data = storage_md
-    metadata.storage_meta = self.storage_meta()
+    storage, items, ends = {}, {}, {}
+    for (index, info), recorded in zip(pairs, digests):
+        storage[index] = info
+        fqn, chunk = mf.key(index)
+        segments, item_digests = recorded.resolve() if isinstance(recorded, Digests) else recorded
+        items[(fqn, chunk)] = mf.ItemEntry(
+            fqn, chunk, info.relative_path, info.offset, info.length, tuple(segments), item_digests
+        )
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    metadata.storage_data = storage
+    meta = self.storage_meta()
+    meta.modules = [*meta.modules, mf.SEAL]
+    metadata.storage_meta = meta
     data = pickle.dumps(metadata)
-
-    per_rank = not self.use_collectives and self.rank is not None
-    name = f"__{self.rank}{filesystem._metadata_fn}" if per_rank else filesystem._metadata_fn
-    metadata_path = self._get_metadata_path(self.rank if per_rank else None)
-    record = json.dumps({"algorithm": ALGORITHM, "digest": _digest(data).hex(), "bytes": len(data)})
-    for final, payload in (
-        (self.fs.concat_path(self.path, name + SIDECAR_SUFFIX), record.encode()),
-        (metadata_path, data),  # last: its presence marks the checkpoint complete
-    ):
-        tmp = self.fs.concat_path(self.path, f"{Path(os.fspath(final)).name}.tmp")
-        with self.fs.create_stream(tmp, "wb") as f:
-            f.write(payload)
-            _sync(f, self.sync_files)
-        if self.fs.exists(final):  # delete in case other checkpoints were present
-            self.fs.rm_file(final)
-        self.fs.rename(tmp, final)
-
-
-def _registry_init(self) -> None:
-    _torch_registry_init(self)
-    self.register(Xxh3Trailer)
+    folder = os.fspath(self.path)
+    files = {name: mf.FileEntry(end, None) for name, end in ends.items()}
+    files[mf.METADATA] = mf.FileEntry(len(data), segment_digests(data))
+    seal = mf.Seal(
+        "dcp", mf.step_of(os.path.basename(os.path.normpath(folder))), self.save_id, files, items
+    )
+    final = os.path.join(folder, mf.METADATA)
+    if os.path.lexists(final):  # saved again: incomplete, never half old, half new
+        os.remove(final)
+    mf.write(folder, seal, self.sync_files)
+    tmp = final + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        _sync(f, self.sync_files)
+    os.replace(tmp, final)
 
 
-def transform_load_stream(self, read_item, transform_descriptors: Sequence[str], raw_stream):
-    """torch's, with the item being read noted for the reader's error line: the folder
-    and file from DCP's file view (its ``base_stream`` is the open file)."""
-    if DESCRIPTOR in transform_descriptors:
-        name = getattr(getattr(raw_stream, "base_stream", None), "name", None)
-        path = Path(os.fspath(name)) if isinstance(name, (str, os.PathLike)) else None
-        _reading.item = _Item(
-            str(path.parent) if path else "(unknown folder)",
-            path.name if path else "(unknown file)",
-            _describe(getattr(read_item, "storage_index", None)),
-            getattr(raw_stream, "offset", -1),
-        )
-    try:
-        return _torch_transform_load_stream(self, read_item, transform_descriptors, raw_stream)
-    finally:
-        _reading.item = None
+# ---------------------------------------------------------------- loading
+
+_warned: set[str] = set()
 
 
-# ---------------------------------------------------------------- .metadata
-
-
-def _sidecar(path) -> str:
-    return os.fspath(path) + SIDECAR_SUFFIX
-
-
-def _folder(path) -> str:
-    return os.fspath(Path(os.fspath(path)).parent)
-
-
-def _check_metadata_bytes(
-    read: Callable[[str], bytes | None], path, data: bytes, tail: str = _NOT_LOADED
-) -> bool:
-    """Raise if ``data`` (the bytes of the .metadata at ``path``) do not match its
-    sidecar; return whether there is one. ``read(p)``: p's bytes, or None if absent."""
-    folder, name = _folder(path), Path(os.fspath(path)).name
-    record = read(_sidecar(path))
-    if record is None:
-        return False
-    try:
-        fields = json.loads(record)
-        algorithm, expected, nbytes = fields["algorithm"], fields["digest"], int(fields["bytes"])
-    except (ValueError, KeyError, TypeError):
-        raise ChecksumMismatch(
-            f"checkpoint {folder} is corrupted: {name}{SIDECAR_SUFFIX} is not the JSON "
-            f"{{algorithm, digest, bytes}} a save writes{tail}"
-        ) from None
-    if algorithm != ALGORITHM:
-        raise ChecksumMismatch(
-            f"checkpoint {folder}: {name}{SIDECAR_SUFFIX} records algorithm {algorithm!r}, "
-            f"this boost_titan checks {ALGORITHM!r}{tail}"
-        )
-    found = _digest(data).hex()
-    if found != expected or len(data) != nbytes:
-        raise ChecksumMismatch(
-            f"checkpoint {folder} is corrupted: {name}: {ALGORITHM} {found} ({len(data)} "
-            f"bytes) where {name}{SIDECAR_SUFFIX} records {expected} ({nbytes} bytes); not "
-            f"unpickled{tail.replace(';', ',')}"
-        )
-    return True
-
-
-def _unchecked_items(metadata: Metadata) -> tuple[list[Any], int]:
-    """(indexes of stored items without the trailer, number of stored items)."""
-    storage = getattr(metadata, "storage_data", None)
-    if not isinstance(storage, dict):
-        return [], 0
-    unchecked = [
-        index
-        for index, info in storage.items()
-        if DESCRIPTOR not in (getattr(info, "transform_descriptors", None) or ())
-    ]
-    return unchecked, len(storage)
-
-
-UNVERIFIED = "unverified"
-
-
-def _consistency(
-    folder: str, name: str, metadata: Metadata, sealed: bool, tail: str = _NOT_LOADED
-) -> str | None:
-    """The problem with a checkpoint whose sidecar and item checksums do not go
-    together, :data:`UNVERIFIED` for one with neither, else None."""
-    unchecked, total = _unchecked_items(metadata)
-    if sealed and unchecked:
-        return (
-            f"checkpoint {folder} is corrupted: {name}{SIDECAR_SUFFIX} says it was written "
-            f"with checksums, but {len(unchecked)} of its {total} items carry none (e.g. "
-            f"{_describe(unchecked[0])}): altered or mixed{tail}"
-        )
-    if not sealed and len(unchecked) < total:
-        return (
-            f"checkpoint {folder} is corrupted: its items carry checksums but "
-            f"{name}{SIDECAR_SUFFIX} (the checksum of {name}) is missing{tail}"
-        )
-    if not sealed:
-        return UNVERIFIED
-    return None
-
-
-_warned_unverified: set[str] = set()
-
-
-def _unverified_line(folder: str) -> str:
+def unverified_line(folder: str) -> str:
     return (
         f"checkpoint {folder} has no checksums (written before boost_titan checksummed "
         "checkpoints, or by another writer): its bytes cannot be verified"
     )
 
 
-def _check_loaded_metadata(reader, path, data: bytes, parse: Callable[[], Metadata]) -> Metadata:
-    """safe_metadata's hook around each .metadata it reads: the sidecar is checked
-    before ``parse()`` unpickles, the items' checksums after."""
-    fs = reader.fs
+def trailers_line(folder: str) -> str:
+    return (
+        f"checkpoint {folder} was written before boost_titan sealed its steps: each item "
+        "is checked against its own checksum, but nothing binds its items to this step"
+    )
 
-    def read(p) -> bytes | None:
-        if not fs.exists(p):
-            return None
-        with fs.create_stream(p, "rb") as f:
-            return f.read()
 
-    sealed = _check_metadata_bytes(read, path, data)
-    metadata = parse()
-    folder, name = _folder(path), Path(os.fspath(path)).name
-    problem = _consistency(folder, name, metadata, sealed)
-    if problem == UNVERIFIED:
-        if folder not in _warned_unverified:
-            _warned_unverified.add(folder)
-            logger.warning(_unverified_line(folder) + "; loaded unverified")
-    elif problem is not None:
-        raise ChecksumMismatch(problem)
-    return metadata
+def _read_verified(reader, folder: str) -> Metadata:
+    """safe_metadata's ``read_metadata`` hook: the step opened and checked, the
+    verified Metadata returned, its manifest kept for the item reads."""
+    step = open_step(folder)  # (the dump folder's steps: chosen without links, resume)
+    if step.metadata is None:
+        raise ChecksumMismatch(
+            f"checkpoint {folder} is a Hugging Face folder, not a DCP step (load it with "
+            "[checkpoint] initial_load_in_hf)"
+        )
+    reader.transforms._boost_step = step
+    if step.trust in (UNVERIFIED, TRAILERS) and folder not in _warned:
+        _warned.add(folder)
+        if step.trust == UNVERIFIED:
+            logger.warning(unverified_line(folder) + "; loaded unverified")
+        else:
+            logger.warning(trailers_line(folder))
+    return step.metadata
+
+
+def transform_load_stream(self, read_item, transform_descriptors, raw_stream):
+    """torch's, with every item of a sealed step read through a reader that checks its
+    bytes against the manifest (and items of a step with trailers against those)."""
+    step = getattr(self, "_boost_step", None)
+    base = getattr(raw_stream, "base_stream", None)
+    name = getattr(base, "name", None)
+    path = Path(os.fspath(name)) if isinstance(name, (str, os.PathLike)) else None
+    index = getattr(read_item, "storage_index", None)
+    item = Item(
+        step.folder if step else str(path.parent) if path else "(unknown folder)",
+        path.name if path else "(unknown file)",
+        describe(index),
+        getattr(raw_stream, "offset", -1),
+    )
+    if step is not None and step.seal is not None and not transform_descriptors:
+        entry = step.seal.items.get(mf.key(index))
+        if entry is None:  # open_step matched .metadata to the manifest: never here
+            raise ChecksumMismatch(f"checkpoint {item.folder}: {item.what} is not in its manifest")
+        blocks = segment_blocks(entry.segments, step.seal.block)
+        return VerifyingReader(raw_stream, entry.length, entry.digests, item, blocks)
+    if list(transform_descriptors or ()) == [legacy.DESCRIPTOR]:
+        return legacy.reader(raw_stream, raw_stream.len, item)
+    return _torch_transform_load_stream(self, read_item, transform_descriptors, raw_stream)
 
 
 def install_saving() -> None:
     """The save side of :func:`install` only (no torchtitan import)."""
     filesystem._FileSystemWriter.__init__ = _writer_init  # type: ignore[method-assign]
     filesystem._FileSystemWriter.finish = finish  # type: ignore[method-assign]
+    filesystem._FileSystemWriter.prepare_local_plan = _prepare_local_plan  # type: ignore[method-assign]
+    filesystem._write_item = _write_item
 
 
 def install() -> None:
-    """Checksum every DCP save of this process and verify every load (idempotent).
-    Installs ``safe_metadata`` too: the sidecar is checked in its metadata reader."""
+    """Seal every DCP save of this process and verify every load (idempotent).
+    Installs ``safe_metadata`` too: steps are opened in its metadata reader."""
     safe_metadata.install()
-    safe_metadata.metadata_check = _check_loaded_metadata
+    safe_metadata.metadata_reader = _read_verified
     install_saving()
-    ExtensionRegistry.__init__ = _registry_init  # type: ignore[method-assign]
     filesystem._StorageReaderTransforms.transform_load_stream = transform_load_stream  # type: ignore[method-assign]
 
 
 def installed() -> bool:
     return (
         safe_metadata.installed()
-        and safe_metadata.metadata_check is _check_loaded_metadata
+        and safe_metadata.metadata_reader is _read_verified
         and filesystem._FileSystemWriter.__init__ is _writer_init
         and filesystem._FileSystemWriter.finish is finish
-        and ExtensionRegistry.__init__ is _registry_init
+        and filesystem._write_item is _write_item
         and filesystem._StorageReaderTransforms.transform_load_stream is transform_load_stream
     )

@@ -1,41 +1,36 @@
-"""``boost-titan checkpoint verify``: every byte of a checkpoint checked against the
-checksums its save recorded, without loading it or any config."""
+"""``boost-titan checkpoint verify``: every byte of a checkpoint step checked against the
+digests its save recorded, without loading it or any config. It never prints a
+traceback and never blocks on a file: every problem is one line."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from torch.distributed.checkpoint import filesystem
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.utils import _create_file_view
 
 from boost_titan.checkpoint import safe_metadata
-from boost_titan.checkpoint.integrity.dcp_hooks import (
-    UNVERIFIED,
-    _check_metadata_bytes,
-    _consistency,
-    _unverified_line,
-)
-from boost_titan.checkpoint.integrity.trailer import (
+from boost_titan.checkpoint.integrity import legacy
+from boost_titan.checkpoint.integrity.blocks import (
     ALGORITHM,
     BLOCK,
     ChecksumMismatch,
-    _describe,
-    _digest,
-    _Item,
-    _mismatch,
-    _no_trailer,
-    _parse_trailer,
-    _read_at,
+    Item,
+    VerifyingReader,
+    describe,
+    segment_blocks,
 )
+from boost_titan.checkpoint.integrity.dcp_hooks import trailers_line, unverified_line
+from boost_titan.checkpoint.integrity.manifest import METADATA, key, step_of
+from boost_titan.checkpoint.integrity.step import HF_INDEX, SEALED, TRAILERS, UNVERIFIED, open_step
 
 logger = logging.getLogger()  # torchtitan's logger (the root logger), as boost_titan.train.fault
 
-# ---------------------------------------------------------------- standalone verification
+_CHUNK = 8 * BLOCK
 
 
 @dataclass
@@ -44,7 +39,7 @@ class Verification:
 
     folder: str
     problems: list[str] = field(default_factory=list)  # one line each
-    checksummed: bool = True  # False: a checkpoint without checksums (nothing to verify)
+    trust: str = SEALED  # SEALED, TRAILERS, or UNVERIFIED (nothing to verify)
     items: int = 0
     nbytes: int = 0
 
@@ -52,96 +47,118 @@ class Verification:
     def ok(self) -> bool:
         return not self.problems
 
-
-def _metadata_files(folder: Path) -> list[Path]:
-    if (folder / filesystem._metadata_fn).is_file():
-        return [folder / filesystem._metadata_fn]
-    return sorted(
-        (
-            p
-            for p in folder.glob(f"__*{filesystem._metadata_fn}")
-            if re.fullmatch(r"__\d+\.metadata", p.name)
-        ),
-        key=lambda p: int(p.name[2:].split(".")[0]),
-    )
+    @property
+    def checksummed(self) -> bool:
+        return self.trust != UNVERIFIED
 
 
-def _verify_file(folder: str, path: Path, items: list[tuple[Any, Any]], out: Verification) -> None:
-    """Check every block of each (index, storage info) stored in the file at ``path``:
-    one line per bad item (its first bad block)."""
+def _read_through(reader, buf: memoryview, keep: bool) -> bytes:
+    """Read ``reader`` to its end (every block checked); its bytes if ``keep``."""
+    kept = bytearray() if keep else None
+    while n := reader.readinto(buf):
+        if kept is not None:
+            kept += buf[:n]
+    return bytes(kept) if kept is not None else b""
+
+
+def _check_train_state(folder: str, data: bytes, out: Verification) -> None:
+    """A full save's ``train_state.step`` is the N of the ``step-N`` it was saved as."""
+    import torch
+
+    named = step_of(os.path.basename(os.path.normpath(folder)))
     try:
-        f = open(path, "rb")
-    except OSError as e:
+        saved = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:  # noqa: BLE001
         out.problems.append(
-            f"checkpoint {folder} is incomplete: {path.name} ({len(items)} items) cannot be "
-            f"read: {e.strerror or e}"
+            f"checkpoint {folder} is corrupted: its train_state.step cannot be read ({e})"
         )
         return
-    buf = memoryview(bytearray(BLOCK))
-    with f:
+    if named is not None and saved != named:
+        out.problems.append(
+            f"checkpoint {folder} is corrupted: its train_state.step is {saved}, the folder "
+            f"is step {named} (a step saved under another step's name)"
+        )
+
+
+def _verify_items(step, relative: str, items: list, out: Verification, buf: memoryview) -> None:
+    folder = step.folder
+    with open(os.path.join(folder, relative), "rb") as f:  # a regular file: open_step
         for index, info in sorted(items, key=lambda it: it[1].offset):
-            item = _Item(folder, path.name, _describe(index), info.offset, "")
-            view = filesystem._create_file_view(f, info.offset, info.length)
+            item = Item(folder, relative, describe(index), info.offset, "")
             out.items += 1
             out.nbytes += info.length
+            raw = _create_file_view(f, info.offset, info.length)
             try:
-                payload, block, digests = _parse_trailer(item, view, info.length)
-                data = buf if block == BLOCK else memoryview(bytearray(block))
-                for k, start in enumerate(range(0, payload, block)):
-                    n = min(block, payload - start)
-                    if _read_at(view, start, data[:n]) != n:
-                        raise _no_trailer(item, info.length, "the file is shorter")
-                    found = _digest(data[:n])
-                    if found != digests[8 * k : 8 * k + 8]:
-                        raise _mismatch(item, start, start + n, found, digests[8 * k : 8 * k + 8])
+                if step.seal is not None:
+                    entry = step.seal.items[key(index)]
+                    blocks = segment_blocks(entry.segments, step.seal.block)
+                    reader = VerifyingReader(raw, entry.length, entry.digests, item, blocks)
+                else:
+                    reader = legacy.reader(raw, info.length, item)
+                data = _read_through(reader, buf, keep=index.fqn == "train_state.step")
+            except ChecksumMismatch as e:
+                out.problems.append(str(e))
+                continue
+            if index.fqn == "train_state.step":
+                _check_train_state(folder, data, out)
+
+
+def _verify_files(step, out: Verification, buf: memoryview) -> None:
+    """A sealed Hugging Face folder: every file against its digests."""
+    for name, entry in sorted(step.seal.files.items()):
+        item = Item(step.folder, name, "the file", 0, "")
+        out.items += 1
+        out.nbytes += entry.bytes
+        with open(os.path.join(step.folder, name), "rb") as f:
+            try:
+                _read_through(
+                    VerifyingReader(
+                        f,
+                        entry.bytes,
+                        entry.digests or b"",
+                        item,
+                        segment_blocks([entry.bytes], step.seal.block),
+                    ),
+                    buf,
+                    keep=False,
+                )
             except ChecksumMismatch as e:
                 out.problems.append(str(e))
 
 
+def _check(folder: Path, out: Verification) -> None:
+    if not os.path.lexists(folder):
+        out.problems.append(f"{folder} is not a DCP checkpoint: it does not exist")
+        return
+    step = open_step(folder, "")
+    out.trust = step.trust
+    buf = memoryview(bytearray(_CHUNK))
+    if step.format == "hf":
+        if step.seal is not None:
+            _verify_files(step, out, buf)
+        return
+    if step.trust == UNVERIFIED:
+        return
+    per_file: dict[str, list] = {}
+    for index, info in step.metadata.storage_data.items():
+        per_file.setdefault(info.relative_path, []).append((index, info))
+    for relative, items in sorted(per_file.items()):
+        _verify_items(step, relative, items, out, buf)
+
+
 def check(step_dir: str | os.PathLike) -> Verification:
-    """Verify one DCP step folder without loading it and without torch.distributed: the
-    .metadata against its sidecar (before it is unpickled, with safe_metadata's
-    allowlist), then every stored item's trailer, reading each file once."""
+    """Verify one step folder without loading it and without torch.distributed: the
+    step opened as every load opens it (``step.open_step``: folder, manifest, files,
+    ``.metadata``), then every stored byte against its digests, each file read once."""
     folder = Path(step_dir)
     out = Verification(str(folder))
-    metadata_files = _metadata_files(folder)
-    if not metadata_files:
-        if (folder / "model.safetensors.index.json").is_file():
-            out.checksummed = False  # torchtitan's HF format: not checksummed (module doc)
-        else:
-            why = "does not exist" if not folder.exists() else "has no .metadata"
-            out.problems.append(f"{folder} is not a DCP checkpoint: it {why}")
-        return out
-
-    def read(p) -> bytes | None:
-        return Path(p).read_bytes() if os.path.isfile(p) else None
-
-    for path in metadata_files:
-        data = path.read_bytes()
-        try:
-            sealed = _check_metadata_bytes(read, path, data, "")
-            metadata = safe_metadata.loads(data, str(folder))
-        except (ChecksumMismatch, safe_metadata.UntrustedCheckpointError) as e:
-            out.problems.append(str(e))
-            continue
-        if not isinstance(metadata, Metadata):
-            out.problems.append(
-                f"checkpoint {folder}: its {path.name} holds a {type(metadata).__name__}, "
-                "not DCP Metadata"
-            )
-            continue
-        problem = _consistency(str(folder), path.name, metadata, sealed, "")
-        if problem == UNVERIFIED:
-            out.checksummed = False
-            continue
-        if problem is not None:
-            out.problems.append(problem)
-            continue
-        per_file: dict[str, list[tuple[Any, Any]]] = {}
-        for index, info in metadata.storage_data.items():
-            per_file.setdefault(info.relative_path, []).append((index, info))
-        for relative, items in sorted(per_file.items()):
-            _verify_file(str(folder), folder / relative, items, out)
+    try:
+        _check(folder, out)
+    except (ChecksumMismatch, safe_metadata.UntrustedCheckpointError) as e:
+        out.problems.append(str(e))
+    except Exception as e:  # noqa: BLE001  (verify names every problem in one line)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        out.problems.append(f"checkpoint {folder} cannot be verified: {type(e).__name__}: {first}")
     return out
 
 
@@ -155,7 +172,8 @@ _STEP = re.compile(r"step-(\d+)")
 
 
 def step_folders(folder: str | os.PathLike) -> list[Path]:
-    """``step-N`` subfolders of ``folder`` (torchtitan's checkpoint folder), newest first."""
+    """``step-N`` entries of ``folder`` (torchtitan's checkpoint folder) that are or
+    point to folders, newest first."""
     root = Path(folder)
     if not root.is_dir():
         return []
@@ -170,10 +188,7 @@ def newest_verified(folder: str | os.PathLike) -> tuple[str | None, list[str]]:
     problem line of each newer one that does not)."""
     bad = []
     for step in step_folders(folder):
-        if (
-            not (step / filesystem._metadata_fn).is_file()
-            and not (step / "model.safetensors.index.json").is_file()
-        ):
+        if not (step / METADATA).is_file() and not (step / HF_INDEX).is_file():
             continue  # cut off (fault.quarantine_incomplete_checkpoints' case)
         result = check(step)
         if result.ok:
@@ -189,11 +204,12 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(
         prog="boost-titan checkpoint verify",
-        description="Verify DCP checkpoints without loading them: every stored item and "
-        ".metadata against the checksums its save recorded. Exit 0 when everything "
-        "verifies, 1 with one line per bad item otherwise. A checkpoint written without "
-        "checksums (before boost_titan checksummed checkpoints) cannot be verified: it "
-        "prints an 'unverified' line and does not change the exit code.",
+        description="Verify checkpoint steps without loading them: the step's manifest, "
+        "then every stored byte against the digests its save recorded. Exit 0 when "
+        "everything verifies, 1 with one line per problem otherwise. A checkpoint "
+        "written without checksums (before boost_titan checksummed checkpoints, or by "
+        "another writer) cannot be verified: it prints an 'unverified' line and does "
+        "not change the exit code.",
     )
     p.add_argument(
         "paths",
@@ -205,8 +221,9 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     status = 0
     for path in map(Path, args.paths):
-        if path.is_dir() and not _metadata_files(path) and step_folders(path):
-            steps = sorted(step_folders(path), key=lambda s: int(s.name[5:]))
+        plain = path.is_dir() and not path.is_symlink()
+        if plain and not (path / METADATA).exists() and not (path / HF_INDEX).exists():
+            steps = sorted(step_folders(path), key=lambda s: int(s.name[5:])) or [path]
         else:
             steps = [path]
         for step in steps:
@@ -215,11 +232,13 @@ def main(argv: list[str]) -> int:
                 print(line, file=sys.stderr)
             if result.problems:
                 status = 1
-            elif not result.checksummed:
-                print(f"unverified: {_unverified_line(str(step))}")
+            elif result.trust == UNVERIFIED:
+                print(f"unverified: {unverified_line(str(step))}")
             else:
+                note = f": {trailers_line(str(step))}" if result.trust == TRAILERS else ""
+                what = "items" if (step / METADATA).exists() else "files"
                 print(
-                    f"ok: {step} ({result.items} items, {result.nbytes / 2**20:.1f} MiB, "
-                    f"{ALGORITHM})"
+                    f"ok: {step} ({result.items} {what}, "
+                    f"{result.nbytes / 2**20:.1f} MiB, {ALGORITHM}){note}"
                 )
     return status

@@ -20,6 +20,8 @@ import glob
 import os
 
 from boost_titan.checkpoint import folder as cf
+from boost_titan.checkpoint.integrity import ChecksumMismatch
+from boost_titan.checkpoint.safe_metadata import UntrustedCheckpointError
 from boost_titan.train.config_check.common import ConfigPathError, _at_least, bad
 
 _ENABLE_HINT = (
@@ -112,15 +114,26 @@ def _check_checkpoint_files(config) -> None:
             + ("; -1 resumes the newest" if steps else ""),
             ConfigPathError,
         )
-    step = ck.load_step if ck.load_step != -1 else (steps[-1] if steps else 0)
+    excluded = ck.exclude_from_loading
+    if ck.load_step != -1:
+        step = ck.load_step
+        missing = _missing(cf.step_dir(folder, step), excluded, "load_step", step)
+    else:  # the newest step that opens: the trainer sets damaged newer ones aside
+        step, missing = 0, []
+        for s in reversed(steps):
+            found = _missing(cf.step_dir(folder, s), excluded, "load_step", -1, resume=True)
+            if found is not None:
+                step, missing = s, found
+                break
     if step == 0:  # nothing to resume; torchtitan loads a step-0 (seed) model only
         return
     path = cf.step_dir(folder, step)
-    missing = cf.missing_states(path, ck.exclude_from_loading)
     if missing:
-        excluded = ck.exclude_from_loading
         full = [
-            s for s in steps if s < step and not cf.missing_states(cf.step_dir(folder, s), excluded)
+            s
+            for s in steps
+            if s < step
+            and _missing(cf.step_dir(folder, s), excluded, "load_step", -1, resume=True) == []
         ]
         ways = (
             f"resume the newest full save with --checkpoint.load_step {full[-1]}, or "
@@ -146,6 +159,20 @@ def _check_checkpoint_files(config) -> None:
             + (" --checkpoint.initial_load_in_hf" if hf else "")
             + " and a new --job.dump_folder",
         )
+
+
+def _missing(path: str, excluded, key: str, value, resume: bool = False) -> list[str] | None:
+    """``cf.missing_states`` of a step, which is opened (and verified) first: a damaged
+    step is None when resuming (the trainer sets it aside and loads an older one), one
+    line naming the damage for a checkpoint the user named; a crafted one is refused."""
+    try:
+        return cf.missing_states(path, excluded)
+    except ChecksumMismatch as e:
+        if resume:
+            return None
+        raise bad("checkpoint", key, value, f"names a damaged checkpoint: {e}") from None
+    except UntrustedCheckpointError as e:
+        raise bad("checkpoint", key, value, f"names a refused checkpoint: {e}") from None
 
 
 def _of_another_run(folder: str) -> str:
@@ -226,8 +253,8 @@ def _check_initial_load_path(ck) -> None:
                 "save holds .metadata beside its *.distcp files; a save cut off does not)"
             )
         raise bad("checkpoint", "initial_load_path", path, why, ConfigPathError)
+    missing = _missing(path, ck.exclude_from_loading, "initial_load_path", path)
     if not ck.initial_load_model_only:
-        missing = cf.missing_states(path, ck.exclude_from_loading)
         if missing:
             raise bad(
                 "checkpoint",

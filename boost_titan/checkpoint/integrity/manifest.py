@@ -1,0 +1,211 @@
+"""A step's manifest, ``.manifest.json``: what its save wrote, byte for byte.
+
+Written by the save, atomically (tmp + fsync + rename), before ``.metadata`` (DCP) or
+after the last weight file (Hugging Face) is in place; read first by every load. Two
+lines of JSON:
+
+1. the header: ``{"seal": "boost_titan.seal/1", "algorithm": "xxh3_64", "bytes": N,
+   "digest": D}``, D the xxh3_64 of the body's N bytes (so the body is checked before
+   it is parsed);
+2. the body: ``{"kind": "dcp"|"hf", "step": S, "save_id": U, "block": 1048576,
+   "files": {NAME: [BYTES, DIGESTS or null]}, "items": [[FQN, CHUNK, FILE, OFFSET,
+   LENGTH, SEGMENTS, DIGESTS]]}``: S the N of the ``step-N`` folder it was saved as (null when
+   saved elsewhere), U the save's id (DCP's ``save_id``, also in ``.metadata``),
+   every file of the step with its size (and its digests when no item covers it:
+   ``.metadata``, a Hugging Face folder's files), and every DCP item with its FQN, its
+   chunk's offset in the tensor (null for a pickled item), where it lies, the lengths
+   of the segments its blocks are cut over (a tensor's data is one, the archive's
+   header and tail others: ``blocks.HashingStream``) and one digest per block of
+   them (``blocks.segment_blocks``: ``block`` bytes from each segment's start, its last
+   64 KiB apart; hex, 16 characters each). A file's digests lay the blocks over it as
+   over one segment.
+
+Only JSON is parsed here, never a pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from boost_titan.checkpoint.integrity.blocks import (
+    ALGORITHM,
+    BLOCK,
+    ChecksumMismatch,
+    digest,
+    segment_blocks,
+)
+
+SEAL = "boost_titan.seal/1"
+NAME = ".manifest.json"
+METADATA = ".metadata"
+_STEP = re.compile(r"step-(\d+)")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    bytes: int
+    digests: bytes | None  # None: a DCP data file, covered by its items
+
+
+@dataclass(frozen=True)
+class ItemEntry:
+    fqn: str
+    chunk: tuple[int, ...] | None
+    file: str
+    offset: int
+    length: int
+    segments: tuple[int, ...]
+    digests: bytes
+
+
+@dataclass
+class Seal:
+    kind: str  # "dcp" | "hf"
+    step: int | None
+    save_id: str | None
+    files: dict[str, FileEntry]
+    items: dict[tuple[str, tuple[int, ...] | None], ItemEntry]
+    block: int = BLOCK
+
+
+def key(index) -> tuple[str, tuple[int, ...] | None]:
+    """A DCP MetadataIndex as the manifest keys its items (FQN, chunk offset)."""
+    offset = getattr(index, "offset", None)
+    return index.fqn, None if offset is None else tuple(int(x) for x in offset)
+
+
+def step_of(folder_name: str) -> int | None:
+    """N of a ``step-N`` folder name (also of the temporary name an export or import
+    writes it under, ``.step-N.<hex>.tmp``: ``checkpoint.files.new_tmp``)."""
+    m = re.fullmatch(r"\.?(step-\d+)(?:\.[0-9a-f]+\.tmp)?", folder_name)
+    return int(_STEP.fullmatch(m[1])[1]) if m else None
+
+
+def encode(seal: Seal) -> bytes:
+    body = json.dumps(
+        {
+            "kind": seal.kind,
+            "step": seal.step,
+            "save_id": seal.save_id,
+            "block": seal.block,
+            "files": {
+                name: [f.bytes, None if f.digests is None else f.digests.hex()]
+                for name, f in sorted(seal.files.items())
+            },
+            "items": [
+                [i.fqn, None if i.chunk is None else list(i.chunk), i.file, i.offset, i.length]
+                + [list(i.segments), i.digests.hex()]
+                for i in sorted(seal.items.values(), key=lambda i: (i.file, i.offset))
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+    head = {"seal": SEAL, "algorithm": ALGORITHM, "bytes": len(body), "digest": digest(body).hex()}
+    return json.dumps(head, separators=(",", ":")).encode() + b"\n" + body + b"\n"
+
+
+def _nonneg(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62
+
+
+def _hex_digests(text, blocks: int) -> bytes | None:
+    """``blocks`` digests from their hex, or None if malformed."""
+    if not isinstance(text, str) or len(text) != 16 * blocks:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None
+
+
+def decode(data: bytes, folder: str, tail: str = "") -> Seal:
+    """The manifest's contents, its body checked against the header's digest before it
+    is parsed; one line naming what is wrong otherwise."""
+
+    def bad(why: str) -> ChecksumMismatch:
+        return ChecksumMismatch(f"checkpoint {folder} is corrupted: its {NAME} {why}{tail}")
+
+    head_line, sep, rest = data.partition(b"\n")
+    try:
+        head = json.loads(head_line)
+        nbytes, expected, seal = int(head["bytes"]), head["digest"], head["seal"]
+        algorithm = head["algorithm"]
+    except (ValueError, KeyError, TypeError):
+        raise bad("does not start with the header line a save writes") from None
+    if seal != SEAL or algorithm != ALGORITHM:
+        raise bad(
+            f"is {seal!r} with {algorithm!r}; this boost_titan reads {SEAL!r} with "
+            f"{ALGORITHM!r} (written by a newer version?)"
+        )
+    body = rest[:nbytes]
+    if not sep or len(body) != nbytes or rest[nbytes:] != b"\n":
+        raise bad(
+            f"is cut or extended: its header gives {nbytes} bytes of body, it holds {len(rest)}"
+        )
+    found = digest(body).hex()
+    if found != expected:
+        raise bad(f"body has {ALGORITHM} {found} where its header records {expected}")
+    try:
+        fields = json.loads(body)
+        kind, step, save_id, block = (fields[k] for k in ("kind", "step", "save_id", "block"))
+        raw_files, raw_items = fields["files"], fields["items"]
+    except (ValueError, KeyError, TypeError):
+        raise bad("body is not the JSON a save writes") from None
+    if (
+        kind not in ("dcp", "hf")
+        or not (step is None or _nonneg(step))
+        or not (save_id is None or isinstance(save_id, str))
+        or not (_nonneg(block) and block > 0)
+        or not isinstance(raw_files, dict)
+        or not isinstance(raw_items, list)
+    ):
+        raise bad("body is not the JSON a save writes")
+    files = {}
+    for name, entry in raw_files.items():
+        if not (isinstance(entry, list) and len(entry) == 2 and _nonneg(entry[0])):
+            raise bad(f"entry of {name!r} is malformed")
+        digests = (
+            None
+            if entry[1] is None
+            else _hex_digests(entry[1], len(segment_blocks([entry[0]], block)))
+        )
+        if entry[1] is not None and digests is None:
+            raise bad(f"digests of {name!r} are malformed")
+        files[name] = FileEntry(entry[0], digests)
+    items = {}
+    for entry in raw_items:
+        ok = isinstance(entry, list) and len(entry) == 7
+        if ok:
+            fqn, chunk, file, offset, length, segments, text = entry
+            ok = (
+                isinstance(fqn, str)
+                and (chunk is None or (isinstance(chunk, list) and all(map(_nonneg, chunk))))
+                and file in files
+                and _nonneg(offset)
+                and _nonneg(length)
+                and isinstance(segments, list)
+                and all(_nonneg(n) and n > 0 for n in segments)
+                and sum(segments) == length
+            )
+        blocks = len(segment_blocks(segments, block)) if ok else 0
+        digests = _hex_digests(text, blocks) if ok else None
+        if digests is None:
+            raise bad(f"item entry {str(entry)[:120]} is malformed")
+        at = (fqn, None if chunk is None else tuple(chunk))
+        if at in items:
+            raise bad(f"lists item {fqn} twice")
+        items[at] = ItemEntry(fqn, at[1], file, offset, length, tuple(segments), digests)
+    return Seal(kind, step, save_id, files, items, block)
+
+
+def write(folder: str, seal: Seal, sync: bool = True) -> None:
+    """``folder/.manifest.json``, whole or not at all."""
+    final = os.path.join(folder, NAME)
+    tmp = final + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(encode(seal))
+        if sync:
+            os.fsync(f.fileno())
+    os.replace(tmp, final)
