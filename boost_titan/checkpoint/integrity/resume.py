@@ -163,7 +163,8 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
     (DCP loads in place); the retry overwrites all of them: the planner requires every
     key of the state dict from the older step (``allow_partial_load`` is off), and a
     run's steps hold the same keys; a model-only step 0 resets the optimizer state."""
-    named = checkpointer.initial_load_path or None
+    # torchtitan sets initial_load_path only on an enabled manager
+    named = getattr(checkpointer, "initial_load_path", None) or None
     if step != -1 or not checkpointer.enable:
         if step != -1 and checkpointer.enable:
             named = checkpointer._create_checkpoint_id(step)
