@@ -473,7 +473,7 @@ def test_a_rank_parses_a_step_once(tmp_path, monkeypatch):
     in one process unpickle its .metadata once (and hash it once); a new save of the
     same folder is parsed again."""
     from boost_titan.checkpoint import folder as checkpoint_folder
-    from boost_titan.checkpoint.data_position import saved_layout
+    from boost_titan.checkpoint.data_position import saved_items
 
     state = {**_state(), "dataloader": {"dp_rank_0": b"position", "world_size": 1}}
     step = _save(tmp_path / "step-4", state)
@@ -481,7 +481,7 @@ def test_a_rank_parses_a_step_once(tmp_path, monkeypatch):
     loads = safe_metadata.loads
     monkeypatch.setattr(safe_metadata, "loads", lambda *a: parsed.append(a[1]) or loads(*a))
     assert checkpoint_folder.states_held(str(step)) == {"train_state", "dataloader"}
-    assert saved_layout(str(step)) == (1, 1)
+    assert saved_items(str(step)) == ["dataloader.dp_rank_0", "dataloader.world_size"]
     back = {**_empty(), "dataloader": {"dp_rank_0": b"", "world_size": 0}}
     dcp.load(back, checkpoint_id=str(step), no_dist=True)
     assert back["dataloader"]["dp_rank_0"] == b"position" and parsed == [str(step)]
