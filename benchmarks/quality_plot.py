@@ -81,10 +81,11 @@ def plot(summary: dict, png: Path) -> None:
     axes[0][0].set_title("from scratch: same tokens")
     axes[0][1].set_title("from scratch: training FLOPs")
     axes[1][0].set_title(
-        f"converted from the dense run at step {dense['steps'] // 2} (r={high} solid, "
-        f"r={low} dotted; faint: from scratch)"
+        f"converted from dense step {dense['steps'] // 2}: r={high} solid, r={low} dotted\n"
+        "(faint: from scratch)",
+        fontsize=10,
     )
-    axes[1][1].set_title("converted: training FLOPs (the dense half included)")
+    axes[1][1].set_title("converted: training FLOPs (the dense half included)", fontsize=10)
     fig.suptitle(
         f"{summary['flavor']} on the embedded corpus, {summary['steps']} steps x "
         f"{dense['tokens_per_step']} tokens, validation on {summary['val_tokens']} tokens "
