@@ -17,7 +17,7 @@ from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint.metadata import Metadata
 
 from boost_titan.checkpoint import safe_metadata
-from boost_titan.checkpoint.integrity import legacy
+from boost_titan.checkpoint.integrity import in_place, legacy
 from boost_titan.checkpoint.integrity import manifest as mf
 from boost_titan.checkpoint.integrity.blocks import (
     ChecksumMismatch,
@@ -225,6 +225,7 @@ def install() -> None:
     safe_metadata.metadata_reader = _read_verified
     install_saving()
     filesystem._StorageReaderTransforms.transform_load_stream = transform_load_stream  # type: ignore[method-assign]
+    in_place.install()
 
 
 def installed() -> bool:
@@ -235,4 +236,5 @@ def installed() -> bool:
         and filesystem._FileSystemWriter.finish is finish
         and filesystem._write_item is _write_item
         and filesystem._StorageReaderTransforms.transform_load_stream is transform_load_stream
+        and in_place.installed()
     )
