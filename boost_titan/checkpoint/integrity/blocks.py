@@ -3,9 +3,10 @@ file), computed as the bytes stream to disk (:class:`HashingStream`) and checked
 load reads them (:class:`VerifyingReader`), before the read returns; the one-line
 :class:`ChecksumMismatch` every damaged step ends in.
 
-Hashing runs beside the I/O: a write or read of whole blocks hands the blocks to one
-helper thread (xxhash releases the GIL) while this thread writes or reads the next
-ones, and the call returns only once every block it touched is checked."""
+Hashing calls xxhash's C function through ctypes, which releases the GIL (xxhash's
+Python functions hold it). A save hands the blocks of a write to one helper thread
+that hashes them beside the write; a load hashes each block in the page cache just
+before copying it out (:class:`VerifyingReader`), so the bytes cross memory once."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import stat
 import sys
 import threading
 from collections import deque
-from contextlib import contextmanager, suppress
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import IO
 
