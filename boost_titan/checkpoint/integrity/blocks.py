@@ -443,6 +443,10 @@ class VerifyingReader(io.RawIOBase):
             self._cache[k] = bytes(data)
         return self._cache[k]
 
+    @staticmethod
+    def _digest_at(address: int, n: int) -> bytes:
+        return _xxh3(address, n).to_bytes(8, "big")
+
     def _read_blocks(self, dest: memoryview, k: int, j: int) -> None:
         """Blocks ``k .. j-1`` into ``dest``, every one checked."""
         start = self.blocks[k][0]
@@ -458,7 +462,7 @@ class VerifyingReader(io.RawIOBase):
         with _mapped(fd, offset + start, len(dest)) as at:
             at -= start
             for s, n in self.blocks[k:j]:
-                found.append(_xxh3(at + s, n).to_bytes(8, "big"))
+                found.append(self._digest_at(at + s, n))
                 ctypes.memmove(to + s, at + s, n)
         self._check(k, j - k, b"".join(found))
 

@@ -45,6 +45,16 @@ class _Staging:
         return self.buffer[:nbytes].view(wanted.dtype).view(wanted.size())
 
 
+def takes_bytes_as_stored(target: torch.Tensor, wanted: torch.Tensor) -> bool:
+    """Whether the stored bytes of ``wanted`` can be read into ``target``'s memory."""
+    return (
+        type(target) is torch.Tensor
+        and target.device.type == "cpu"
+        and target.dtype == wanted.dtype
+        and target.is_contiguous()
+    )
+
+
 def _read_in_place(reader: VerifyingReader, req, planner: LoadPlanner, staging: _Staging) -> bool:
     """Read ``req`` from ``reader`` into its target in place (or through ``staging``),
     if the bytes it wants are one run (see the module's docstring); False, with nothing
@@ -56,12 +66,7 @@ def _read_in_place(reader: VerifyingReader, req, planner: LoadPlanner, staging: 
     if record is None or not wanted.is_contiguous() or target.size() != wanted.size():
         reader.seek(0)  # torch's path (which names a size mismatch)
         return False
-    direct = (
-        type(target) is torch.Tensor
-        and target.device.type == "cpu"
-        and target.dtype == wanted.dtype
-        and target.is_contiguous()
-    )
+    direct = takes_bytes_as_stored(target, wanted)
     into = target if direct else staging.like(wanted)
     nbytes = wanted.numel() * wanted.element_size()
     if nbytes:
