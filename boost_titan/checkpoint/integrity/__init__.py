@@ -17,7 +17,9 @@ next to ``safe_metadata.install()``) makes every DCP save and load of the proces
   regular file inside the folder of its recorded size, ``.metadata``'s bytes match
   before it is unpickled (allowlisted) and it lists the manifest's items; then DCP reads
   each item through a reader that checks every MiB against the manifest as it reads it,
-  before the read returns, on every rank, in every layout, resharding included.
+  before the read returns, on every rank, in every layout, resharding included
+  (``in_place``: a tensor's bytes go straight from the file into the tensor it loads
+  into, each MiB hashed in the page cache just before it is copied).
 - **a damaged step** is one line (:class:`ChecksumMismatch`) naming the folder, the file
   and what differs: a flipped bit, a file from another step or run, two items swapped,
   a missing or cut file, a path outside the folder, a FIFO, a bad manifest or

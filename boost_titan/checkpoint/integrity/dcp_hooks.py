@@ -21,8 +21,6 @@ from boost_titan.checkpoint.integrity import in_place, legacy
 from boost_titan.checkpoint.integrity import manifest as mf
 from boost_titan.checkpoint.integrity.blocks import (
     ChecksumMismatch,
-    Digests,
-    HashingStream,
     Item,
     VerifyingReader,
     describe,
@@ -30,6 +28,7 @@ from boost_titan.checkpoint.integrity.blocks import (
     segment_digests,
 )
 from boost_titan.checkpoint.integrity.step import TRAILERS, UNVERIFIED, open_step
+from boost_titan.checkpoint.integrity.writing import Digests, HashingStream
 
 logger = logging.getLogger()  # torchtitan's logger (the root logger), as boost_titan.train.fault
 

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from boost_titan.checkpoint.integrity.blocks import VerifyingReader
+from boost_titan.checkpoint.integrity.blocks import ChecksumMismatch, VerifyingReader
 
 
 class _Staging:
@@ -60,6 +60,9 @@ def _read_in_place(reader: VerifyingReader, req, planner: LoadPlanner, staging: 
     if the bytes it wants are one run (see the module's docstring); False, with nothing
     read, if not."""
     stored = torch.load(reader, map_location="meta", weights_only=True)
+    if type(stored) is not torch.Tensor:
+        reader.seek(0)
+        return False
     record = getattr(stored.untyped_storage(), "_checkpoint_offset", None)
     wanted = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
     target = planner.resolve_tensor(req).detach()
@@ -69,8 +72,15 @@ def _read_in_place(reader: VerifyingReader, req, planner: LoadPlanner, staging: 
     direct = takes_bytes_as_stored(target, wanted)
     into = target if direct else staging.like(wanted)
     nbytes = wanted.numel() * wanted.element_size()
+    start = record + wanted.storage_offset() * wanted.element_size()
+    if start + nbytes > reader.size:  # (its header says so: bytes the seal verified)
+        raise ChecksumMismatch(
+            f"checkpoint {reader.item.folder} is corrupted: {reader.item.file}, "
+            f"{reader.item.what}: its header puts the tensor's {nbytes} bytes at {start}, "
+            f"past the item's {reader.size} bytes{reader.item.tail}"
+        )
     if nbytes:
-        reader.seek(record + wanted.storage_offset() * wanted.element_size())
+        reader.seek(start)
         reader.readinto((ctypes.c_ubyte * nbytes).from_address(into.data_ptr()))
     if not direct:
         target.copy_(into)

@@ -15,7 +15,7 @@ lines of JSON:
    ``.metadata``, a Hugging Face folder's files), and every DCP item with its FQN, its
    chunk's offset in the tensor (null for a pickled item), where it lies, the lengths
    of the segments its blocks are cut over (a tensor's data is one, the archive's
-   header and tail others: ``blocks.HashingStream``) and one digest per block of
+   header and tail others: ``writing.HashingStream``) and one digest per block of
    them (``blocks.segment_blocks``: ``block`` bytes from each segment's start, its last
    64 KiB apart; hex, 16 characters each). A file's digests lay the blocks over it as
    over one segment.
