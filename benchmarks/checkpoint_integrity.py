@@ -1,27 +1,27 @@
 """What sealing checkpoints (boost_titan.checkpoint.integrity) costs: DCP save and load of a
 >= 1 GB state dict sealed (every item digested as it is written, the manifest, every
-item checked against it as it is read) and plain (torch's own DCP save, whose load
-then checks nothing).
+item checked against it as it is read) and plain (torch's own DCP save and load).
 
     PYTHONPATH=. .venv/bin/python benchmarks/checkpoint_integrity.py [--reps 15] [--dir D]
 
 The state dict is one TP8 rank's shard of 10 blocks of a 7B LLaMA in fp32 (per block
 wq/wk/wv/wo 4096x512, w1/w3 1376x4096, w2 4096x1376; plus a 32000x512 embedding and
-output shard): 70 + 2 tensors, 1.09 GiB. One process, no process group
-(``no_dist=True``), DCP's defaults (one file, fsync on save). "without": the writer is
-given ``_extensions=()``, a plain DCP save, torch's code only (what a save did before
-boost_titan.checkpoint.integrity); its load opens the step as every load does and reads
-it unverified. The two variants alternate, rep by
-rep, in one process, each saving into (and loading from) its own folder; the load reads
-what the save just wrote, from the page cache (the case where verification's share of
-the time is largest: a load from disk adds the disk's time to both). Prints the median
-seconds of each and the median of the per-rep ratios (with / without), in wall time
-and in this process's CPU time (less sensitive to other processes on the machine; a
-save's fsync wait is wall time only); then xxh3_64's rate on one core and the read and
-write rates of the plain runs, and from them what sealing adds to one rank's shard of
-the CoLA 7B recipe (``recipes/cola_llama2_7b.toml``: TP4 x FSDP2 on 8 GPUs, 2.82e9
-parameters in fp32 with AdamW's two moments: 3.94 GiB per rank) if none of the hashing
-were hidden behind the I/O (it runs in a helper thread beside it)."""
+output shard): 70 + 2 tensors, 1.06 GiB. One process, no process group
+(``no_dist=True``), DCP's defaults (one file, fsync on save). "plain": the writer is
+given ``_extensions=()``, a plain DCP save, torch's code only; its load opens the step
+as every load does, then torch's own loop reads it unverified. Saves first, then
+loads, each variant in its own folder, alternating rep by rep which goes first, in one
+process; the loads read from the page cache (the case where verification's share of
+the time is largest: a load from disk adds the disk's time to both). Loads: "sealed"
+(each tensor read in place, ``integrity/in_place.py``), "sealed, staged" (every item
+through the staging buffer and ``copy_``, as a load into GPU tensors reads on the
+host), "sealed, unhashed" (the sealed load with no digest computed: hashing's share).
+Prints the median seconds of each, the median of the per-rep ratios and the ratio of
+the best reps, in wall time and in this process's CPU time (a save's fsync wait is
+wall time only); then xxh3_64's rate on one core, the rates of the runs, and from them
+what sealing means for one rank's shard of the CoLA 7B recipe
+(``recipes/cola_llama2_7b.toml``: TP4 x FSDP2 on 8 GPUs, 2.82e9 parameters in fp32 with
+AdamW's two moments: 3.94 GiB per rank)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,9 @@ def timed(fn) -> tuple[float, float]:
 COLA_7B_SHARD = 2_820_935_680 * 12 / 8  # bytes: fp32 parameters + 2 AdamW moments, 8 ranks
 
 
-def save(state, path: Path, checksums: bool) -> tuple[float, float]:
-    writer = FileSystemWriter(path) if checksums else FileSystemWriter(path, _extensions=())
+def save(state, path: Path, checksums: bool, sync: bool = True) -> tuple[float, float]:
+    extensions = {} if checksums else {"_extensions": ()}
+    writer = FileSystemWriter(path, sync_files=sync, **extensions)
     return timed(lambda: dcp.save(state, storage_writer=writer, no_dist=True))
 
 
@@ -125,22 +126,25 @@ def main() -> None:
     saves: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     loads: dict[str, list[tuple[float, float]]] = {name: [] for name in LOADS}
     try:
+        # the saves first, then the loads: a load frees (or not) a GiB of fresh tensors,
+        # which would change what the next save's writes cost; within each phase the
+        # variants alternate which goes first
         for rep in range(args.reps + 1):  # rep 0 warms up (allocator, page cache)
-            for checksums in (rep % 2 == 0, rep % 2 == 1):  # alternate which goes first
+            for checksums in (rep % 2 == 0, rep % 2 == 1):
                 path = root / ("with" if checksums else "without")
                 shutil.rmtree(path, ignore_errors=True)
                 s = save(state, path, checksums)
                 if rep:
                     saves[checksums].append(s)
-                if rep == 0:
+                else:
                     assert integrity.check(path).checksummed == checksums
-            names = list(LOADS) if rep % 2 == 0 else list(reversed(LOADS))
-            for name in names:  # each reads what its save just wrote, from the page cache
+        for rep in range(args.reps + 1):
+            for name in list(LOADS) if rep % 2 == 0 else list(reversed(LOADS)):
                 folder, how = LOADS[name]
                 for t in target.values():
                     t.zero_()
                 with how():
-                    ld = load(target, root / folder)
+                    ld = load(target, root / folder)  # from the page cache
                 assert all(torch.equal(target[k], state[k]) for k in state), name
                 if rep:
                     loads[name].append(ld)
@@ -154,7 +158,8 @@ def main() -> None:
             ratios = [x / y for x, y in zip(a, b)]
             print(
                 f"{what} ({clock} s): {statistics.median(a):.3f} against {against} "
-                f"{statistics.median(b):.3f}: median ratio {statistics.median(ratios):.3f} "
+                f"{statistics.median(b):.3f}: median ratio {statistics.median(ratios):.3f}, "
+                f"best against best {min(a) / min(b):.3f} "
                 f"(per rep {', '.join(f'{r:.3f}' for r in ratios)})"
             )
 
