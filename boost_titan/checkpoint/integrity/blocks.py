@@ -229,13 +229,14 @@ def _mapped(fd: int, start: int, n: int):
 
 class VerifyingReader(io.RawIOBase):
     """``size`` bytes of ``raw`` as a seekable stream whose every byte is checked against
-    its block's digest when it is read, before the reader returns it. torch.load reads
-    a tensor's data in one call into its own buffer: those whole blocks are hashed in
-    the page cache, through a mapping of the file, each just before it is copied into
-    the buffer, so that the copy finds the block in the CPU's cache and the bytes cross
-    memory once, as in a plain read (hashing what a read had already copied out costs
-    a second pass: 2.3x the hashing's time here; the copy's source is the byte that
-    was checked: a file rewritten while it is loaded is no case this guards). A stream
+    its block's digest when it is read, before the reader returns it. A tensor's data
+    is read in one call (into the tensor it loads into: ``in_place``; or into
+    torch.load's buffer): those whole blocks are hashed in the page cache, through a
+    mapping of the file, each just before it is copied out, so that the copy finds the
+    block in the CPU's cache and the bytes cross memory once, as in a plain read
+    (hashing what a read had already copied out costs a second pass: 2.4x the
+    hashing's time here; the copy's source is the byte that was checked: a file
+    rewritten while it is loaded is no case this guards). A stream
     that is no local file is read, then hashed. A block torch reads in parts (an
     archive's header) is read whole once, checked, and served from memory.
     ``blocks``: (start, length) of each block ``digests`` covers, in order
