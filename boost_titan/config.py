@@ -184,6 +184,22 @@ class Training:
     training, for ``[validation] dataset = "local_text_holdout"`` (a one-file corpus
     too). 0: none. Not with dataset_holdout_files."""
 
+    dataset_blend: list[str] = field(default_factory=list)
+    """With ``dataset = "tokenized"``: several tokenized corpora blended by weight, as
+    ``["WEIGHT:PATH", ...]`` (e.g. ``["0.7:/data/web", "0.3:/data/code"]``; weights
+    need not sum to 1). Empty: ``dataset_path`` alone. See boost_titan.data.order."""
+
+    dataset_shuffle: bool = True
+    """Train on the windows of each pass over a corpus in a seeded pseudo-random order
+    (false: corpus order). Validation is never shuffled."""
+
+    dataset_seed: int = 0
+    """The seed of that shuffle (part of the saved data position)."""
+
+    dataset_cache: str = ""
+    """Where raw text (local_text, a saved dataset) is tokenized before training reads
+    it; empty: $BOOST_TITAN_DATA_CACHE, else ~/.cache/boost_titan/tokenized."""
+
 
 @dataclass
 class JobConfig:

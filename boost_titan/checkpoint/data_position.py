@@ -1,9 +1,9 @@
 """The data loader's position in a checkpoint, checked against this run's loader before DCP
 reads anything.
 
-boost_titan's training loaders (``boost_titan.data.global_loader``) read one global order
-of packed windows, the same at every data-parallel degree, and save one position for
-all ranks: the item ``dataloader.position`` (:data:`POSITION_ITEM`), which every rank
+boost_titan's training loader (``boost_titan.data.window_loader``) reads one order of
+windows of tokenized corpora, the same at every data-parallel degree, and saves one
+position for all ranks: the item ``dataloader.position`` (:data:`POSITION_ITEM`), which every rank
 writes alike and every rank reads, so a checkpoint resumes exactly under any dp degree
 and TP / PP / CP layout. Model, optimizer, LR schedule and step reshard through DCP.
 
@@ -11,10 +11,9 @@ Two other kinds of data position remain, each one item per data-parallel rank
 (``dataloader.dp_rank_{r}``: a pickled StatefulDataLoader state of a rank's own shard),
 and :meth:`DataPosition.adapt` handles them:
 
-* a checkpoint of boost_titan's loaders from before the global order: saved by one
-  rank without DataLoader workers, its stream is the global order's and it is
-  converted (``GlobalOrderLoader.load_legacy``); saved by several ranks, or with
-  workers, its positions are in other orders, and the resume is refused in one line;
+* a checkpoint of boost_titan's per-rank loaders of older releases: its positions are
+  in another order, and the resume is refused in one line (a ``dataloader.position``
+  of the packed-stream loader that came after them is refused by the loader itself);
 * a dataset boost_titan does not read itself (a Hugging Face streaming dataset in
   torchtitan's registry, such as ``c4``): torchtitan's per-rank loader, whose position
   resumes only at the dp degree it was saved at; another degree is refused in one line
@@ -99,27 +98,11 @@ def refusal(folder: str, old: int, dp_degree: int, layout: str, name: str) -> st
 
 def legacy_refusal(folder: str, ranks: int) -> str:
     return (
-        f"checkpoint {folder} holds the data positions of {ranks} data-parallel ranks, saved "
-        "by an older boost_titan whose loader gave each rank its own shard: they do not "
-        "continue the global order this boost_titan reads (the same windows at any "
+        f"checkpoint {folder} holds the data positions of {ranks} data-parallel rank(s), "
+        "saved by an older boost_titan whose loader gave each rank its own shard: they do "
+        "not continue the order this boost_titan reads (the same windows at any "
         f"data-parallel degree); resume it with the boost_titan that saved it, {_RESTART}"
     )
-
-
-class _LegacyPosition:
-    """Stands for the data loader in the load of a one-rank checkpoint of the per-rank
-    loaders: asks DCP for that rank's state and hands it to the loader to convert."""
-
-    def __init__(self, convert):
-        self.convert = convert
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"dp_rank_0": b""}  # a bytes item: DCP fills it in
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from boost_titan.checkpoint import safe_metadata
-
-        self.convert(safe_metadata.dataloader_state(state_dict["dp_rank_0"], "dp_rank_0"))
 
 
 class DataPosition:
@@ -154,11 +137,7 @@ class DataPosition:
             if has_position:
                 return state_dict
             ranks = saved_ranks(folder, items)
-            if len(ranks) != 1:
-                raise DataResumeError(legacy_refusal(folder, len(ranks)))
-            state_dict = dict(state_dict)
-            state_dict["dataloader"] = _LegacyPosition(lambda s: loader.load_legacy(s, folder))
-            return state_dict
+            raise DataResumeError(legacy_refusal(folder, len(ranks)))
         if has_position:
             raise DataResumeError(
                 f"checkpoint {folder} holds one data position in boost_titan's global order, "

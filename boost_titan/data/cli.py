@@ -1,5 +1,6 @@
-"""``boost-titan data build|info|tokenizer`` -- build or describe the embedded corpus,
-or train a tokenizer on your own files."""
+"""``boost-titan data build|info|tokenizer|tokenize|seal`` -- build or describe the
+embedded corpus, train a tokenizer on your own files, tokenize raw text into a
+tokenized corpus, or seal existing Megatron .bin/.idx files as one."""
 
 from __future__ import annotations
 
@@ -55,9 +56,39 @@ def main(argv: list[str] | None = None) -> int:
                         help="train on at most this many bytes of text (e.g. 2e9), spread over the files")
     t.add_argument("--force", action="store_true", help="overwrite the tokenizer files in a non-empty --out")
 
+    k = sub.add_parser(
+        "tokenize",
+        help="tokenize raw text once into a tokenized corpus (Megatron .bin/.idx parts + corpus.json)",
+        description="Tokenize a .jsonl/.json/.txt/.parquet file, a folder of them or a "
+        "save_to_disk folder into a tokenized corpus that [training] dataset = 'tokenized' "
+        "reads. Every local core by default; several machines with --shard i/n (the same "
+        "arguments on each, then --merge once). Safe to kill and rerun: finished parts are kept.",
+    )
+    k.add_argument("--from", dest="source", required=True, metavar="PATH",
+                   help="a .jsonl/.json/.txt/.parquet file, a folder of them, or a save_to_disk folder")
+    k.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer folder (tokenizer.json)")
+    k.add_argument("--out", required=True, metavar="DIR", help="the tokenized corpus folder to write")
+    k.add_argument("--text-field", default="text", help="the field holding each document's text (default %(default)s)")
+    k.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    k.add_argument("--shard", default="0/1", metavar="I/N", help="this machine's share: parts p with p %% N == I")
+    k.add_argument("--merge", action="store_true", help="tokenize nothing: write corpus.json once every shard is done")
+    k.add_argument("--force", action="store_true", help="replace a corpus of another source or tokenizer in --out")
+
+    e = sub.add_parser(
+        "seal",
+        help="make existing Megatron .bin/.idx files a tokenized corpus (read where they are)",
+        description="Check and digest existing Megatron-LM / NeMo / GPT-NeoX indexed datasets "
+        "and write a corpus.json naming them, for [training] dataset = 'tokenized'.",
+    )
+    e.add_argument("prefixes", nargs="+", metavar="PREFIX", help="path prefix (or .bin/.idx path) of each dataset")
+    e.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer the ids are of")
+    e.add_argument("--out", required=True, metavar="DIR", help="folder for corpus.json")
+
     args = parser.parse_args(argv)
     if args.cmd == "tokenizer":
         return _tokenizer(args)
+    if args.cmd in ("tokenize", "seal"):
+        return _tokenize(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.cmd == "build":
@@ -69,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         manifest.pop("_built_now", None)
         print(format_manifest(manifest))
-        return 0
+        return _tokenize_embedded(args.out)
 
     out = args.out if args.out is not None else default_corpus_dir()
     manifest = read_manifest(out)
@@ -93,4 +124,68 @@ def _tokenizer(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(summary(info, Path(args.out).expanduser().absolute()))
+    return 0
+
+
+def _tokenize(args) -> int:
+    from boost_titan.data.local_text import CorpusError
+    from boost_titan.data.order import BlendError
+
+    try:
+        if args.cmd == "seal":
+            from boost_titan.data.seal import seal
+
+            m = seal(args.prefixes, args.tokenizer, args.out)
+            print(f"{args.out}: {m['documents']} documents, {m['tokens']} tokens in "
+                  f"{len(m['parts'])} Megatron dataset(s), digest {m['digest'][:12]}")
+            return 0
+        from boost_titan.data.text_sources import source_of
+        from boost_titan.data.tokenize import tokenize
+
+        index, count = _shard(args.shard)
+        if args.workers is not None and args.workers < 1:
+            raise BlendError(f"--workers {args.workers} must be >= 1")
+        m = tokenize(source_of(args.source, args.text_field), args.tokenizer, args.out,
+                     args.workers, (index, count), args.merge, args.force)
+    except (CorpusError, BlendError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if m is None:
+        print(f"{args.out}: shard {args.shard} done; the corpus is complete once every shard "
+              "is: then run the same command with --merge")
+        return 0
+    print(f"{args.out}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}) in "
+          f"{len(m['parts'])} part(s), digest {m['digest'][:12]}")
+    return 0
+
+
+def _shard(text: str) -> tuple[int, int]:
+    from boost_titan.data.order import BlendError
+
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise BlendError(f"--shard {text!r} is not I/N (e.g. 0/16)") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise BlendError(f"--shard {text!r}: I must be in 0..N-1 and N >= 1")
+    return i, n
+
+
+def _tokenize_embedded(out) -> int:
+    """The embedded corpus' splits tokenized with its tokenizer into its cache folder
+    (``boost_titan.data.cache``): what boost_corpus / boost_corpus_val train on."""
+    from boost_titan.data.cache import ensure
+    from boost_titan.data.corpus.manifest import TOKENIZER_DIR, resolve_dirs
+    from boost_titan.data.local_text import CorpusError
+    from boost_titan.data.text_sources import SavedText
+
+    folder, _ = resolve_dirs(out, None)
+    try:
+        for split in ("train", "validation"):
+            c = ensure(SavedText(str(folder / split), "text"), str(folder / TOKENIZER_DIR),
+                       str(folder / "tokenized"))  # fmt: skip
+            print(f"tokenized {split}: {c.describe()}")
+    except CorpusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0

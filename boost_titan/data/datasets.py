@@ -12,10 +12,13 @@ local_text_holdout  ``[validation]`` only: what ``[training] dataset_holdout_fil
                     (the last N files) or ``dataset_holdout_every`` (every N-th
                     document of each file) holds out of the training corpus
 
-Training reads every one of them in one global order, the same at every layout
-(``boost_titan.data.order``); validation reads a rank's share. Which loader reads what:
-``boost_titan.data.loader``, which logs one line per rank at start saying which reading
-it uses. The files and checks: ``boost_titan.data.local_text``.
+tokenized           a corpus ``boost-titan data tokenize`` / ``data seal`` wrote
+                    (``dataset_path``; training: or ``dataset_blend``)
+
+Each is read as a tokenized corpus (raw text is tokenized once into a cache first), in
+one order that is the same at every layout (``boost_titan.data.order``); which loader
+reads what: ``boost_titan.data.loader``, which logs one line per rank at start. The
+files and checks of raw text: ``boost_titan.data.local_text``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,13 @@ def _holdout_outside_boost(path: str):
     )
 
 
+def _tokenized_outside_boost(path: str):
+    raise ValueError(
+        "dataset 'tokenized' is read by boost_titan's loaders (boost_titan.train / "
+        "run_train.sh), not by torchtitan's own"
+    )
+
+
 def _text(sample) -> str:
     return sample["text"]
 
@@ -76,5 +86,8 @@ def register_datasets() -> None:
     DATASETS["local_text"] = DatasetConfig(path="", loader=_load_local, sample_processor=_text)
     DATASETS[local_text.HOLDOUT_DATASET] = DatasetConfig(
         path="", loader=_holdout_outside_boost, sample_processor=_text
+    )
+    DATASETS[loader.TOKENIZED] = DatasetConfig(
+        path="", loader=_tokenized_outside_boost, sample_processor=_text
     )
     loader.install()

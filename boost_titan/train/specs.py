@@ -17,7 +17,6 @@ from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, regis
 from boost_titan.checkpoint.hf.adapters import adapter_for
 from boost_titan.data import datasets
 from boost_titan.data.loader import build_dataloader
-from boost_titan.data.workers import check_workers
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 from boost_titan.models.model import Transformer
 from boost_titan.optim import build_optimizers
@@ -45,15 +44,18 @@ class RepeatableValidator(Validator):
     With ``validation.steps`` set, torchtitan keeps one endless validation stream that
     moves on between passes (and is not checkpointed), so successive validation losses
     come from different batches and a resumed run scores yet others. Rewinding the
-    stream to its start before each pass makes validation losses comparable."""
+    stream to its start before each pass makes validation losses comparable
+    (boost_titan's own validation loader starts every pass at its first window)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        check_workers(self.validation_dataloader, "validation", self.job_config.validation.dataset)
-        self._start_state = self.validation_dataloader.state_dict()
+        loader = self.validation_dataloader
+        restarts = getattr(loader, "restarts_each_pass", False)
+        self._start_state = None if restarts else loader.state_dict()
 
     def validate(self, model_parts, step):
-        self.validation_dataloader.load_state_dict(self._start_state)
+        if self._start_state is not None:
+            self.validation_dataloader.load_state_dict(self._start_state)
         return super().validate(model_parts, step)
 
 

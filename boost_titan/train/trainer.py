@@ -24,6 +24,7 @@ from boost_titan.checkpoint import integrity, safe_metadata
 from boost_titan.checkpoint import manager as checkpoint_manager
 from boost_titan.checkpoint import save as checkpoint_save
 from boost_titan.checkpoint.hf import adapters as hf_adapters
+from boost_titan.data.local_text import CorpusError
 from boost_titan.observability import comm_traces, dashboard, log_filters
 from boost_titan.observability.step_profile import (
     SUMMARY_TAG,
@@ -99,7 +100,8 @@ class BoostTrainer(Trainer):
       ``BOOST_TITAN_INJECT`` injects faults to rehearse all of this;
 
     * a checkpoint of another data-parallel degree resumes exactly: training data is one
-      global order (``boost_titan.data.order``) with one saved position for all ranks,
+      order of windows of tokenized corpora (``boost_titan.data.order``) with one saved
+      position for all ranks,
       checked before DCP reads it (``boost_titan.checkpoint.data_position``)."""
 
     _comm_logged = False
@@ -287,8 +289,9 @@ def main(argv: list[str] | None = None) -> None:
         if cpu_runtime.is_active():  # no gloo teardown at interpreter exit (as a finished run)
             cpu_runtime.exit_after_clean_shutdown(1)
         raise
-    except (integrity.ChecksumMismatch, safe_metadata.UntrustedCheckpointError) as e:
-        # a damaged or refused checkpoint: its one line, exit 1, no traceback
+    except (integrity.ChecksumMismatch, safe_metadata.UntrustedCheckpointError, CorpusError) as e:
+        # a damaged or refused checkpoint, data that cannot be read as asked (every rank
+        # raises it: boost_titan.data.loader.agree): its one line, exit 1, no traceback
         logger.error(str(e))
         if trainer:
             trainer.close()

@@ -1,0 +1,212 @@
+"""A tokenized corpus on disk: what ``boost-titan data tokenize`` (or ``data seal``) writes
+and training reads, and the reader of its windows.
+
+A corpus is a folder with ``corpus.json`` (:data:`MANIFEST`) and its parts, each a pair of
+Megatron files (``boost_titan.data.indexed``): ``part-00000.bin/.idx``, ... written by
+``data tokenize``, or existing Megatron-LM / NeMo / GPT-NeoX prefixes named by ``data
+seal`` (read where they are). The manifest holds, per part, its token and document
+counts, its files' sizes and the digest of its ``.bin``; for the whole corpus, the token
+dtype, the largest token id, the tokenizer it was made with (a digest of its files and
+its BOS/EOS ids) and the source it was made from; and ``digest``, the xxh3-128 of all
+of that: the corpus' identity, recorded in every checkpoint's data position and
+compared between ranks before the first step.
+
+The corpus' token stream is its parts' ``.bin`` files back to back. :class:`WindowReader`
+reads a window as byte ranges of them (``os.pread``), opening a part the first time a
+window reaches it and checking its size then: a rank opens only the parts its windows
+fall in and reads only its windows' bytes.
+
+A folder without ``corpus.json`` is never read (``data tokenize`` writes it last, after
+every part: a tokenization that was killed, or a shard of a multi-machine one, is not
+a corpus until it is complete).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from boost_titan.data.local_text import CorpusError
+
+MANIFEST = "corpus.json"
+FORMAT = "boost_titan tokenized corpus"
+VERSION = 1
+
+
+def digest_of(record: dict[str, Any]) -> str:
+    """xxh3-128 of a record's canonical JSON (keys sorted, no spaces)."""
+    import xxhash
+
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return xxhash.xxh3_128_hexdigest(text.encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    prefix: str  # absolute path of the .bin/.idx pair, without the suffix
+    tokens: int
+    documents: int
+    bin_bytes: int
+    digest: str  # xxh3-128 of the .bin
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedCorpus:
+    path: str
+    manifest: dict[str, Any]
+    parts: tuple[Part, ...]
+
+    @property
+    def digest(self) -> str:
+        return self.manifest["digest"]
+
+    @property
+    def tokens(self) -> int:
+        return self.manifest["tokens"]
+
+    @property
+    def documents(self) -> int:
+        return self.manifest["documents"]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.manifest["dtype"])
+
+    @property
+    def tokenizer(self) -> dict[str, Any]:
+        return self.manifest["tokenizer"]
+
+    def windows(self, window: int) -> int:
+        return self.tokens // window
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint's data position records of the corpus (plain data)."""
+        return {
+            "path": self.path,
+            "digest": self.digest,
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "tokenizer": self.tokenizer["digest"],
+            "source": self.manifest["source"].get("path", ""),
+        }
+
+    def describe(self) -> str:
+        src = self.manifest["source"]
+        return (
+            f"{self.path}: {self.documents} documents, {self.tokens} tokens "
+            f"({self.dtype.name}, {len(self.parts)} part{'s' * (len(self.parts) != 1)}, "
+            f"digest {self.digest[:12]}), tokenized from {src.get('kind')} "
+            f"{src.get('path')!r}"
+        )
+
+
+def _bad(path: str, why: str) -> CorpusError:
+    return CorpusError(f"tokenized corpus {path}: {why}")
+
+
+def open_corpus(path: str) -> TokenizedCorpus:
+    """The corpus at ``path`` (its manifest, checked whole; no part opened)."""
+    manifest_path = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        why = "does not exist" if not os.path.exists(path) else f"holds no {MANIFEST}"
+        hint = (
+            " (a tokenization still running, killed or sharded over machines and not "
+            "merged: run `boost-titan data tokenize` again with the same arguments)"
+            if os.path.isdir(path) and any(n.startswith("part-") for n in os.listdir(path))
+            else "; make one with `boost-titan data tokenize` (raw text) or `boost-titan "
+            "data seal` (Megatron .bin/.idx files)"
+        )
+        raise _bad(path, why + hint)
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise _bad(path, f"{MANIFEST} cannot be read as JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _bad(path, f"{MANIFEST} is not a {FORMAT!r} manifest")
+    if manifest.get("version") != VERSION:
+        raise _bad(
+            path,
+            f"{MANIFEST} has version {manifest.get('version')!r}; this boost_titan reads "
+            f"version {VERSION} (tokenize the corpus again)",
+        )
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    try:
+        ok = digest_of(body) == manifest.get("digest")
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise _bad(path, f"{MANIFEST} does not match its own digest: it was edited or damaged")
+    parts = []
+    for p in manifest["parts"]:
+        prefix = p["prefix"] if os.path.isabs(p["prefix"]) else os.path.join(path, p["prefix"])
+        parts.append(Part(prefix, p["tokens"], p["documents"], p["bin_bytes"], p["digest"]))
+    return TokenizedCorpus(os.path.abspath(path), manifest, tuple(parts))
+
+
+class WindowReader:
+    """Reads windows of a corpus' token stream (module docstring); counts what it reads."""
+
+    def __init__(self, corpus: TokenizedCorpus, window: int):
+        self.corpus, self.window = corpus, window
+        self.item = corpus.dtype.itemsize
+        self.starts = [0]  # first token of each part in the stream
+        for p in corpus.parts:
+            self.starts.append(self.starts[-1] + p.tokens)
+        self._fds: dict[int, int] = {}
+        self.bytes_read = 0
+        self.reads = 0
+
+    def _fd(self, i: int) -> int:
+        fd = self._fds.get(i)
+        if fd is None:
+            part = self.corpus.parts[i]
+            path = part.prefix + ".bin"
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise _bad(self.corpus.path, f"cannot open {path}: {e.strerror}") from None
+            size = os.fstat(fd).st_size
+            if size != part.bin_bytes:
+                os.close(fd)
+                raise _bad(
+                    self.corpus.path,
+                    f"{path} is {size} bytes, the manifest says {part.bin_bytes}: the file "
+                    "changed since the corpus was tokenized (tokenize it again)",
+                )
+            self._fds[i] = fd
+        return fd
+
+    def read(self, window_id: int) -> np.ndarray:
+        """Tokens ``[w W, (w + 1) W)`` of the stream, as int64."""
+        lo, hi = window_id * self.window, (window_id + 1) * self.window
+        if window_id < 0 or hi > self.corpus.tokens:
+            raise IndexError(f"window {window_id} of {self.corpus.windows(self.window)}")
+        out = np.empty(self.window, np.int64)
+        i, at = bisect.bisect_right(self.starts, lo) - 1, lo
+        while at < hi:
+            end = min(hi, self.starts[i + 1])
+            n = (end - at) * self.item
+            data = os.pread(self._fd(i), n, (at - self.starts[i]) * self.item)
+            if len(data) != n:
+                raise _bad(self.corpus.path, f"{self.corpus.parts[i].prefix}.bin ended early")
+            out[at - lo : end - lo] = np.frombuffer(data, self.corpus.dtype)
+            self.bytes_read += n
+            self.reads += 1
+            at, i = end, i + 1
+        return out
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __getstate__(self):  # DataLoader workers open their own descriptors
+        state = dict(self.__dict__)
+        state["_fds"] = {}
+        return state
