@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,11 @@ def corpus_dir() -> Path:
 # run_train.sh's setting; set before tests/launcher.py's fork server imports `datasets`
 # (which reads it at import)
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# raw text the tests train on is tokenized into this session's cache, not ~/.cache
+os.environ.setdefault(
+    "BOOST_TITAN_DATA_CACHE",
+    os.path.join(tempfile.gettempdir(), f"boost_titan_test_cache_{os.getpid()}"),
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

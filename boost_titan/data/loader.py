@@ -182,7 +182,8 @@ def agree(view, name: str) -> None:
     differ = [r for r, v in enumerate(views) if v != views[0]]
     if differ:
         r = differ[0]
-        what = differences(json.loads(views[0]), json.loads(views[r])) or ["the views differ"]
+        what = differences(json.loads(views[0]), json.loads(views[r]), "rank 0's")
+        what = what or ["the views differ"]
         raise CorpusError(
             f"{name}: rank {r} sees other data than rank 0 ({'; '.join(what)}; "
             f"{len(differ)} of {len(views)} ranks differ from rank 0): every rank must "

@@ -34,7 +34,8 @@ import numpy as np
 from boost_titan.data import indexed
 from boost_titan.data.local_text import CorpusError
 from boost_titan.data.tokenized import FORMAT, MANIFEST, VERSION, digest_of, open_corpus
-from boost_titan.data.text_sources import UNIT_BYTES, Unit
+from boost_titan.data import text_sources
+from boost_titan.data.text_sources import Unit
 
 _BATCH = 512  # documents encoded at a time (tokenizers' encode_batch)
 
@@ -83,7 +84,7 @@ def plan_parts(units: list[Unit]) -> list[list[Unit]]:
     parts: list[list[Unit]] = [[]]
     size = 0
     for u in units:
-        if parts[-1] and size + u.bytes > UNIT_BYTES:
+        if parts[-1] and size + u.bytes > text_sources.UNIT_BYTES:
             parts.append([])
             size = 0
         parts[-1].append(u)

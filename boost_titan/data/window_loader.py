@@ -247,8 +247,9 @@ class WindowLoader(BaseDataLoader):
         )
 
 
-def differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """What differs between a saved view of the data and this run's, one phrase each."""
+def differences(saved: dict[str, Any], now: dict[str, Any], then: str = "the checkpoint's") -> list[str]:
+    """What differs between a saved view of the data (``then``'s) and this run's, one
+    phrase each."""
     out = []
     for key, what in (("seq_len", "seq_len"), ("seed", "[training] dataset_seed"),
                       ("shuffle", "[training] dataset_shuffle"), ("weights", "the blend's weights")):  # fmt: skip
@@ -268,7 +269,7 @@ def differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
             ]
             label = f"corpus {i} " if len(now_c) > 1 else "the corpus "
             out.append(
-                f"{label}{b['path']} has digest {b['digest'][:12]}, the checkpoint's had "
+                f"{label}{b['path']} has digest {b['digest'][:12]}, {then} had "
                 f"{str(a.get('digest'))[:12]} ({', '.join(changed) or 'same counts: its contents changed'})"
             )
     return out

@@ -1,12 +1,15 @@
 """Launch checks on disk: the tokenizer folder (tokenizer.json, its vocabulary against
 the flavor's) and the datasets a run reads (local paths exist; remote ones are
-reachable unless Hugging Face is offline)."""
+reachable unless Hugging Face is offline). Raw text a run reads is tokenized into the
+cache here, before torchrun starts the ranks (``boost_titan.data.cache``), and every
+tokenized corpus is checked against the run: its tokenizer, the blend, enough windows."""
 
 from __future__ import annotations
 
 import os
 
 from boost_titan.data.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, CorpusError
+from boost_titan.data.order import BlendError
 from boost_titan.train.config_check.common import ConfigError, ConfigPathError, _ours, bad
 from boost_titan.train.config_check.model import config_args
 
@@ -51,8 +54,9 @@ def _check_files(config, dp_degree: int = 1) -> None:
         [("validation", config.validation)] if config.validation.enable else []
     )
     _check_local_corpora(config, sections, dp_degree)
+    _check_tokenized(config, sections, dp_degree)
     for section, s in sections:
-        if s.dataset in LOCAL_DATASETS:
+        if s.dataset in LOCAL_DATASETS or s.dataset == TOKENIZED:
             continue  # checked above
         entry = DATASETS[s.dataset]
         path = s.dataset_path or entry.path
@@ -87,6 +91,51 @@ def _check_files(config, dp_degree: int = 1) -> None:
                 f"'boost_corpus' or 'local_text' with dataset_path",
                 ConfigPathError,
             )
+
+
+TOKENIZED = "tokenized"
+_OURS = (TOKENIZED, "boost_corpus", "boost_corpus_val", *LOCAL_DATASETS)
+
+
+def _check_tokenized(config, sections, dp_degree: int) -> None:
+    """The tokenized corpora each section reads (raw text tokenized into the cache
+    first): the blend's entries, the tokenizer they were made with, a window of
+    ``seq_len + 1`` tokens in each, a validation pass of at least one global batch."""
+    from boost_titan.data.loader import check_tokenizer, parse_blend, resolve
+
+    t = config.training
+    if t.dataset_blend and t.dataset != TOKENIZED:
+        raise bad("training", "dataset_blend", t.dataset_blend,
+                  f"blends tokenized corpora: set [training] dataset = {TOKENIZED!r}")  # fmt: skip
+    for section, s in sections:
+        if s.dataset not in _OURS:
+            continue
+        key = "dataset_blend" if section == "training" and t.dataset_blend else "dataset_path"
+        value = getattr(t, key) if key == "dataset_blend" else s.dataset_path
+        try:
+            if key == "dataset_blend":
+                parse_blend(t.dataset_blend)
+            elif s.dataset == TOKENIZED and not s.dataset_path:
+                raise CorpusError(
+                    "must be set for dataset 'tokenized' (a folder `boost-titan data tokenize` "
+                    "wrote)" + ("; or set dataset_blend" if section == "training" else "")
+                )
+            _, corpora = resolve(config, section)
+            check_tokenizer(corpora, config.model.hf_assets_path, s.dataset)
+        except (CorpusError, BlendError) as e:
+            raise bad(section, key, value, f"({s.dataset}): {e}") from None
+        window = s.seq_len + 1
+        for c in corpora:
+            if c.windows(window) == 0:
+                raise bad(section, "seq_len", s.seq_len,
+                          f"is too long for {c.path} ({c.tokens} tokens, no window of "
+                          f"seq_len + 1 = {window})")  # fmt: skip
+        batch = s.local_batch_size * dp_degree
+        if section == "validation" and s.steps == -1 and corpora[0].windows(window) < batch:
+            raise bad(section, "local_batch_size", s.local_batch_size,
+                      f"x {dp_degree} data-parallel ranks = {batch} windows per global batch, "
+                      f"more than the {corpora[0].windows(window)} windows of {window} tokens "
+                      f"in {corpora[0].path}: a validation pass would score nothing")  # fmt: skip
 
 
 def _check_local_corpora(config, sections, dp_degree: int = 1) -> None:

@@ -1,0 +1,426 @@
+"""Tokenized corpora and their order (``boost_titan.data.tokenize`` / ``seal`` /
+``indexed`` / ``tokenized`` / ``order`` / ``window_loader``), without training
+processes: loaders of every data-parallel rank are built in this process.
+
+* the arithmetic against brute force: the blend's slots are Megatron's greedy rule and
+  its token shares are within 1% of the weights over 100k windows; the shuffle visits
+  every window once per pass, is the same under its seed and differs between seeds
+  and passes;
+* ``data tokenize``: each document is the tokenizer's own ``encode(text, BOS, EOS)``;
+  the same corpus (digest for digest) from 1 or 2 workers and from 2 shards merged; a
+  killed run's finished parts are kept; bad input is one line and writes nothing;
+* the Megatron format both ways against megatron-core itself (one subprocess);
+* the loaders: ranks at dp 1, 2, 4 (with and without DataLoader workers) read the same
+  global batches, a position saved at dp 2 resumes at dp 1, 3 and 4, a rank reads its
+  own windows' bytes only (the same at every dp), a changed corpus, seed, seq_len or
+  tokenizer is refused in one line, validation runs the same number of batches on
+  every rank; two gloo ranks that see different corpora both stop on one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import REPO_ROOT
+
+from boost_titan.data import indexed, local_text, text_sources
+from boost_titan.data.local_text import CorpusError
+from boost_titan.data.order import Blend, BlendError, Order, pass_key, permute
+from boost_titan.data.text_sources import FileText, source_of
+from boost_titan.data.tokenize import tokenize
+from boost_titan.data.tokenized import MANIFEST, WindowReader, open_corpus
+from boost_titan.data.window_loader import WindowLoader
+
+TOKENIZER = str(REPO_ROOT / "data" / "boost_corpus" / "tokenizer")
+WORDS = "the a river stone light model train data city north small old quiet".split()
+
+
+def _write_corpus(folder: Path, files: int, docs: int, seed: int = 0) -> Path:
+    folder.mkdir(parents=True)
+    rng = random.Random(seed)
+    for f in range(files):
+        lines = [
+            json.dumps({"text": f"doc {f}.{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 80)))})
+            for i in range(docs)
+        ]  # fmt: skip
+        (folder / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def _tokenized(tmp: Path, name: str, files=3, docs=40, seed=0, **kw):
+    raw = _write_corpus(tmp / f"{name}_raw", files, docs, seed)
+    out = tmp / name
+    tokenize(source_of(str(raw)), TOKENIZER, str(out), workers=1, quiet=True, **kw)
+    return raw, open_corpus(str(out))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    return HuggingFaceTokenizer(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tokenized")
+    return tmp, {n: _tokenized(tmp, n, seed=s) for n, s in (("a", 0), ("b", 1))}
+
+
+# ---------------------------------------------------------------------------------------
+# Arithmetic
+
+
+def test_blend_is_megatrons_greedy_rule_and_keeps_its_shares():
+    for weights in (["0.7", "0.3"], ["3", "1"], ["0.5", "0.3", "0.2"], ["0.123457", "1", "2.5"]):
+        w = [Fraction(x) for x in weights]
+        blend = Blend(w)
+        n = 100_000
+        corpus, within = blend.locate(np.arange(n))
+        shares = np.bincount(corpus, minlength=len(w)) / n
+        exact = np.array([float(x / sum(w)) for x in w])
+        assert np.all(np.abs(shares - exact) <= 0.01 * exact), (weights, shares, exact)
+        # brute force: Megatron's BlendedDataset loop over floats, and the running counts
+        counts = np.zeros(len(w), np.int64)
+        for i in range(3 * blend.period if blend.period < 1000 else 2000):
+            errors = np.array(blend.parts) / blend.period * (i + 1) - counts
+            k = int(np.argmax(errors))
+            assert corpus[i] == k and within[i] == counts[k], (weights, i)
+            counts[k] += 1
+    for bad in ("0", "-1", "x", "1/0"):
+        with pytest.raises(BlendError, match="weight"):
+            from boost_titan.data.order import parse_weight
+
+            parse_weight(bad, "test")
+
+
+def test_shuffle_visits_every_window_once_per_pass_and_is_seeded():
+    for n in (1, 2, 3, 17, 1000, 65_537):
+        for key in (pass_key(0, 0, 0), pass_key(7, 1, 3)):
+            perm = permute(np.arange(n), n, key)
+            assert sorted(perm.tolist()) == list(range(n)), (n, key)
+    n = 10_000
+    a = permute(np.arange(n), n, pass_key(0, 0, 0))
+    assert np.array_equal(a, permute(np.arange(n), n, pass_key(0, 0, 0)))  # stable
+    for other in (pass_key(1, 0, 0), pass_key(0, 1, 0), pass_key(0, 0, 1)):
+        b = permute(np.arange(n), n, other)
+        assert np.mean(a == b) < 0.01  # another seed, corpus or pass: another order
+    assert abs(np.corrcoef(np.arange(n), a)[0, 1]) < 0.05  # not the corpus order
+    order = Order([5, 3], Blend([Fraction(1), Fraction(1)]), seed=0, shuffle=True)
+    corpus, epoch, window = order.lookup(np.arange(40))
+    for k, n_k in ((0, 5), (1, 3)):
+        for e in range(3):
+            sel = (corpus == k) & (epoch == e)
+            assert sorted(window[sel].tolist()) == list(range(n_k)), (k, e)
+
+
+# ---------------------------------------------------------------------------------------
+# data tokenize
+
+
+def test_each_document_is_the_tokenizers_encoding(corpora, tok):
+    _, (raw, corpus) = corpora[0], corpora[1]["a"]
+    texts = [t for f in sorted(raw.glob("*.jsonl")) for t in local_text.read_documents(f, "text")]
+    index = indexed.read_index(corpus.parts[0].prefix + ".idx")
+    assert index.sequences == corpus.documents == len(texts) == 120
+    stream = np.fromfile(corpus.parts[0].prefix + ".bin", dtype=np.uint16)
+    offsets = np.concatenate([[0], np.cumsum(index.lengths)])
+    for i, text in enumerate(texts):
+        assert stream[offsets[i] : offsets[i + 1]].tolist() == tok.encode(text, add_bos=True, add_eos=True)
+    reader = WindowReader(corpus, 17)
+    assert reader.read(3).tolist() == stream[51:68].tolist()
+    assert reader.bytes_read == 17 * 2 and reader.reads == 1
+
+
+def test_workers_shards_and_a_killed_run_make_the_same_corpus(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(text_sources, "UNIT_BYTES", 4000)  # several parts from small files
+    raw = _write_corpus(tmp_path / "raw", 6, 30)
+    source = source_of(str(raw))
+    one = tokenize(source, TOKENIZER, str(tmp_path / "one"), workers=1, quiet=True)
+    assert len(one["parts"]) >= 3
+    two = tokenize(source, TOKENIZER, str(tmp_path / "two"), workers=2, quiet=True)
+    assert two["digest"] == one["digest"]
+    shards = tmp_path / "shards"
+    assert tokenize(source, TOKENIZER, str(shards), 1, (0, 2), quiet=True) is None
+    assert not (shards / MANIFEST).exists()  # half a corpus is never a corpus
+    with pytest.raises(CorpusError, match="parts are not done"):
+        tokenize(source, TOKENIZER, str(shards), merge_only=True, quiet=True)
+    finished = {p: (shards / f"{p}.bin").stat().st_mtime_ns for p in ("part-00000",)}
+    (shards / "part-00001.bin.tmp.999").write_bytes(b"cut short")  # a killed writer's file
+    tokenize(source, TOKENIZER, str(shards), 1, (1, 2), quiet=True)
+    merged = tokenize(source, TOKENIZER, str(shards), merge_only=True, quiet=True)
+    assert merged["digest"] == one["digest"]
+    assert (shards / "part-00000.bin").stat().st_mtime_ns == finished["part-00000"]
+    with pytest.raises(CorpusError, match="another source or tokenizer"):
+        tokenize(source_of(str(_write_corpus(tmp_path / "other", 1, 3))), TOKENIZER, str(shards), quiet=True)
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, corpora):
+    from boost_titan.data.seal import seal
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.jsonl").write_text("")
+    with pytest.raises(CorpusError, match="holds no documents"):
+        tokenize(source_of(str(empty)), TOKENIZER, str(tmp_path / "e_out"), quiet=True)
+    assert not (tmp_path / "e_out").exists()
+    # Megatron files: truncated .bin, an .idx of another version, ids past the vocabulary
+    prefix = str(tmp_path / "m")
+    writer = indexed.IndexWriter(prefix + ".bin", np.uint16)
+    for doc in ([5, 6, 7, 1], [8, 1], [9000, 1]):
+        writer.add(np.asarray(doc))
+    writer.finish(prefix + ".idx")
+    with pytest.raises(CorpusError, match="outside the tokenizer's vocabulary 0..8191"):
+        seal([prefix], TOKENIZER, str(tmp_path / "s1"))
+    data = Path(prefix + ".bin").read_bytes()
+    Path(prefix + ".bin").write_bytes(data[:-2])
+    with pytest.raises(CorpusError, match="is 14 bytes; its index says 8 tokens"):
+        seal([prefix], TOKENIZER, str(tmp_path / "s2"))
+    idx = bytearray(Path(prefix + ".idx").read_bytes())
+    idx[9] = 2
+    Path(prefix + ".idx").write_bytes(bytes(idx))
+    with pytest.raises(CorpusError, match="version 2; this reader reads version 1"):
+        seal([prefix], TOKENIZER, str(tmp_path / "s3"))
+    idx[9] = 1
+    Path(prefix + ".idx").write_bytes(bytes(idx[:-8]))
+    with pytest.raises(CorpusError, match="truncated or damaged"):
+        seal([prefix], TOKENIZER, str(tmp_path / "s4"))
+    assert not any((tmp_path / f"s{i}").exists() for i in range(1, 5))
+    # a corpus.json edited by hand, and a part that changed size
+    _, corpus = corpora[1]["a"]
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in Path(corpus.path).iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((copy / MANIFEST).read_text())
+    manifest["tokens"] += 1
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CorpusError, match="does not match its own digest"):
+        open_corpus(str(copy))
+    (copy / MANIFEST).write_text((Path(corpus.path) / MANIFEST).read_text())
+    with open(copy / "part-00000.bin", "ab") as f:
+        f.write(b"\x00\x00")
+    with pytest.raises(CorpusError, match="changed since the corpus was tokenized"):
+        WindowReader(open_corpus(str(copy)), 17).read(0)
+
+
+def test_the_cli_tokenizes_and_refuses_in_one_line(tmp_path, capsys):
+    from boost_titan.data.cli import main as data_main
+
+    raw = _write_corpus(tmp_path / "raw", 2, 5)
+    out = tmp_path / "out"
+    assert data_main(["tokenize", "--from", str(raw), "--tokenizer", TOKENIZER, "--out", str(out), "--workers", "1"]) == 0
+    assert "10 documents" in capsys.readouterr().out
+    for argv, line in (
+        (["--shard", "2/2"], "--shard '2/2': I must be in 0..N-1"),
+        (["--shard", "x"], "--shard 'x' is not I/N"),
+        (["--workers", "0"], "--workers 0 must be >= 1"),
+    ):
+        assert data_main(["tokenize", "--from", str(raw), "--tokenizer", TOKENIZER,
+                          "--out", str(tmp_path / "bad"), *argv]) == 1  # fmt: skip
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and line in err, err
+    assert not (tmp_path / "bad").exists()
+
+
+MEGATRON = r"""
+import sys, warnings, numpy as np, torch
+warnings.simplefilter("ignore")
+from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+ours, theirs = sys.argv[1], sys.argv[2]
+d = IndexedDataset(ours)  # ours, read by Megatron
+print(len(d), [d[i].tolist() for i in range(len(d))][:2], d.document_indices.tolist()[:3])
+b = IndexedDatasetBuilder(theirs + ".bin", dtype=np.uint16)  # Megatron's, read by us
+for doc in ([0, 5, 6, 7, 1], [0, 8, 1], [0, 11, 12, 13, 14, 15, 1]):
+    b.add_document(torch.tensor(doc), [len(doc)])
+b.finalize(theirs + ".idx")
+"""
+
+
+def test_megatron_reads_ours_and_we_read_megatrons(tmp_path, corpora):
+    from boost_titan.data.seal import seal
+
+    _, corpus = corpora[1]["a"]
+    proc = subprocess.run(
+        [sys.executable, "-c", MEGATRON, corpus.parts[0].prefix, str(tmp_path / "theirs")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    index = indexed.read_index(corpus.parts[0].prefix + ".idx")
+    stream = np.fromfile(corpus.parts[0].prefix + ".bin", np.uint16)
+    expect = [stream[: index.lengths[0]].tolist(), stream[index.lengths[0] : index.lengths[:2].sum()].tolist()]
+    assert proc.stdout.strip() == f"{index.sequences} {expect} [0, 1, 2]"
+    manifest = seal([str(tmp_path / "theirs")], TOKENIZER, str(tmp_path / "sealed"))
+    assert manifest["documents"] == 3 and manifest["tokens"] == 15
+    sealed = open_corpus(str(tmp_path / "sealed"))
+    reader = WindowReader(sealed, 5)
+    assert [reader.read(w).tolist() for w in range(3)] == [
+        [0, 5, 6, 7, 1], [0, 8, 1, 0, 11], [12, 13, 14, 15, 1],
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Loaders
+
+
+def _loader(corpora, dp, rank, local=2, seq=16, **kw):
+    weights = kw.pop("weights", [Fraction(1)] * len(corpora))
+    return WindowLoader("test", corpora, weights, seq_len=seq, local_batch_size=local,
+                        dp_rank=rank, dp_world_size=dp, **kw)  # fmt: skip
+
+
+def _global_batches(corpora, dp, steps, start_state=None, workers=0, local=None):
+    """[global batch][window] token lists, the ranks' slices put together."""
+    local = local or 8 // dp
+    per_rank = []
+    for r in range(dp):
+        loader = _loader(corpora, dp, r, local=local, num_workers=workers,
+                         weights=[Fraction(7), Fraction(3)])  # fmt: skip
+        if start_state is not None:
+            loader.load_state_dict(start_state)
+        it = iter(loader)
+        per_rank.append([next(it)[0]["input"].tolist() for _ in range(steps)])
+        state = loader.state_dict()
+    return [sum((per_rank[r][s] for r in range(dp)), []) for s in range(steps)], state
+
+
+def test_every_dp_degree_reads_the_same_global_batches_and_resumes(corpora):
+    _, found = corpora
+    both = [found["a"][1], found["b"][1]]
+    reference, state = _global_batches(both, 1, 12)
+    assert len({tuple(w) for b in reference for w in b}) == 12 * 8  # distinct windows
+    for dp, workers in ((2, 0), (4, 2)):
+        got, dp_state = _global_batches(both, dp, 12, workers=workers)
+        assert got == reference, dp
+        assert pickle.loads(dp_state["position"])["samples"] == 96
+    _, at6 = _global_batches(both, 2, 6)
+    for dp in (1, 3, 4):
+        local = 8 // dp if 8 % dp == 0 else 1
+        steps = 6 * 8 // (local * dp)
+        got, _ = _global_batches(both, dp, steps, pickle.loads(pickle.dumps(at6)), local=local)
+        flat = [w for b in got for w in b]
+        assert flat == [w for b in reference[6:] for w in b][: len(flat)], dp
+
+
+def test_a_rank_reads_its_windows_only_at_any_dp(corpora):
+    _, found = corpora
+    corpus = found["a"][1]
+    reads = []
+    for dp in (1, 8, 64, 1024):
+        loader = _loader([corpus], dp, dp - 1, local=2, seq=8)
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        reads.append(sum(r.bytes_read for r in loader.readers))
+    assert reads == [5 * 2 * 9 * 2] * 4  # 5 steps x 2 windows x 9 tokens x 2 bytes
+
+
+def test_a_changed_corpus_seed_seq_len_or_tokenizer_is_refused(corpora, tmp_path):
+    from boost_titan.checkpoint.data_position import DataResumeError
+    from boost_titan.data.loader import check_tokenizer
+    from boost_titan.data.tokenizer import train_tokenizer, write_tokenizer
+
+    tmp, found = corpora
+    raw, corpus = found["a"]
+    loader = _loader([corpus], 2, 0)
+    next(iter(loader))
+    state = loader.state_dict()
+    again = tmp_path / "again"
+    for f in raw.iterdir():  # the same files, one document more
+        (tmp_path / "raw2").mkdir(exist_ok=True)
+        (tmp_path / "raw2" / f.name).write_text(f.read_text())
+    with open(tmp_path / "raw2" / "part-0.jsonl", "a") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    tokenize(source_of(str(tmp_path / "raw2")), TOKENIZER, str(again), workers=1, quiet=True)
+    changed = open_corpus(str(again))
+    cases = [
+        (_loader([changed], 2, 0), "documents 120 -> 121"),
+        (_loader([corpus], 2, 0, seed=1), "[training] dataset_seed was 0, now 1"),
+        (_loader([corpus], 2, 0, seq=32), "seq_len was 16, now 32"),
+        (_loader([corpus], 2, 0, shuffle=False), "[training] dataset_shuffle was True, now False"),
+    ]
+    for other, line in cases:
+        with pytest.raises(DataResumeError) as e:
+            other.load_state_dict(state)
+        assert line in str(e.value) and "\n" not in str(e.value), str(e.value)
+    old = {"position": pickle.dumps({"version": 1, "windows": 8})}
+    with pytest.raises(DataResumeError, match="older boost_titan's loader"):
+        _loader([corpus], 2, 0).load_state_dict(old)
+    other_tok = tmp_path / "tok"
+    texts = [" ".join(random.Random(i).choice(WORDS) for _ in range(50)) for i in range(50)]
+    write_tokenizer(train_tokenizer(texts, 512), other_tok)
+    with pytest.raises(CorpusError, match="was tokenized with the tokenizer at") as e:
+        check_tokenizer([corpus], str(other_tok), "local_text")
+    assert "\n" not in str(e.value)
+    check_tokenizer([corpus], TOKENIZER, "local_text")
+
+
+def test_validation_runs_the_same_batches_on_every_rank(corpora):
+    _, found = corpora
+    corpus = found["b"][1]
+    windows = corpus.windows(17)
+    for dp in (1, 2, 3, 4):
+        counts = []
+        for r in range(dp):
+            loader = _loader([corpus], dp, r, local=2, infinite=False, validation=True, shuffle=False)
+            batches = list(loader)
+            counts.append(len(batches))
+            again = list(loader)  # every pass from the first window
+            assert [b[0]["input"].tolist() for b in again] == [b[0]["input"].tolist() for b in batches]
+        assert counts == [windows // (2 * dp)] * dp, (dp, counts)
+    with pytest.raises(CorpusError, match="fewer than one global batch"):
+        _loader([corpus], windows, 0, local=2, infinite=False, validation=True)
+
+
+AGREE = r"""
+import os, sys
+import torch.distributed as dist
+from boost_titan.data.local_text import CorpusError
+from boost_titan.data.loader import agree
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+view = {"seq_len": 16, "seed": 0, "shuffle": True, "weights": ["1"],
+        "corpora": [{"path": "/c", "digest": "ab" * 16 if rank == 0 else "cd" * 16,
+                     "tokens": 100 + rank, "documents": 5, "tokenizer": "t", "source": "/raw"}]}
+try:
+    agree(view, "local_text")
+except CorpusError as e:
+    print(f"rank {rank}: {e}")
+view = CorpusError("local_text: dataset_path '/x' does not exist") if rank == 1 else view
+try:
+    agree(view, "local_text")
+except CorpusError as e:
+    print(f"rank {rank}: {e}")
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_that_see_different_corpora_stop_in_one_line(tmp_path):
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(29700 + os.getpid() % 200), str(script)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 4, proc.stdout
+    for r in (0, 1):
+        assert any(
+            line.startswith(f"rank {r}: local_text: rank 1 sees other data than rank 0 (the corpus /c "
+                            "has digest cdcdcdcdcdcd, rank 0's had abababababab (tokens 100 -> 101)")
+            for line in lines
+        ), lines  # fmt: skip
+        assert f"rank {r}: local_text: dataset_path '/x' does not exist" in lines or (
+            f"rank {r}: local_text: rank 1 cannot read the data (local_text: dataset_path '/x' does not exist)"
+            in lines
+        ), lines
