@@ -1,4 +1,4 @@
-"""Resuming a checkpoint under another layout: the same global token stream
+"""Resuming a checkpoint under another layout: the same global order of windows
 (``boost_titan.data.order``), on real gloo ranks.
 
 Two uninterrupted FSDP2 runs at data-parallel degree 2 (CoLA debug model, 8 steps, a
@@ -14,16 +14,20 @@ its step 4 under other layouts:
   per rank).
 
 Every process dumps the token ids of each batch it yields (``BOOST_TITAN_DUMP_BATCHES``).
-Checked: the uninterrupted run's windows are the corpus packed as torchtitan packs it at
-one rank (tokenized and cut here, independently); each resumed run trains steps 5-8 on
+Checked: the uninterrupted run's windows are the corpus' token stream (the streamed
+corpus tokenized here, independently: BOS + tokens + EOS per document, as torchtitan
+packs it) cut into windows of 257 tokens, each global sample the window the shuffle's
+arithmetic names (checked against brute force in test_tokenized_data.py); each resumed
+run trains steps 5-8 on
 the uninterrupted run's global batches (window for window, token for token, each step
 on its own 8 windows) with the same losses (1e-5 relative); and every run's step-8
 checkpoint holds the same position. (The same dp degree and layout resumes bitwise:
 test_local_text.py; ``--checkpoint.exclude_from_loading dataloader`` restarting the data
 at window 0: there too.)
 
-Refusals that remain (checkpoints of the per-rank loaders) and the order arithmetic are
-checked without processes in test_global_order.py."""
+Refusals (another corpus, seed, seq_len, tokenizer; checkpoints of the per-rank
+loaders) and the order arithmetic are checked without processes in
+test_tokenized_data.py."""
 
 from __future__ import annotations
 
@@ -34,10 +38,11 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import REPO_ROOT, run_training
 
-from boost_titan.data.global_loader import DUMP_ENV
+from boost_titan.data.window_loader import DUMP_ENV
 
 FSDP2 = "debug_cola_fsdp2.toml"  # CoLA, data_parallel_shard_degree 2
 WINDOW = 257  # base/debug.toml's seq_len 256, plus the label
@@ -117,15 +122,25 @@ def _steps(run, first_step: int) -> dict[int, dict[int, list[int]]]:
     return out
 
 
-def _reference(texts, tokenizer, n_windows: int) -> list[list[int]]:
-    """torchtitan's packing at one rank, written out: each document BOS + tokens + EOS,
-    concatenated pass after pass, cut into WINDOW-token windows."""
-    stream: list[int] = []
-    for text in texts:  # an endless iterator
-        stream += tokenizer.encode(text, add_bos=True, add_eos=True)
-        if len(stream) >= n_windows * WINDOW:
-            return [stream[i * WINDOW : (i + 1) * WINDOW] for i in range(n_windows)]
-    raise AssertionError("corpus too short")
+def _reference(stream: np.ndarray, n_windows: int) -> list[list[int]]:
+    """The windows of global samples 0..n_windows-1 of one corpus' token stream: each
+    pass over its windows in the order of the seeded shuffle (seed 0, corpus 0)."""
+    from boost_titan.data.order import pass_key, permute
+
+    n = len(stream) // WINDOW
+    out = []
+    for i in range(n_windows):
+        epoch, place = divmod(i, n)
+        w = int(permute(np.array([place]), n, pass_key(0, 0, epoch))[0])
+        out.append(stream[w * WINDOW : (w + 1) * WINDOW].tolist())
+    return out
+
+
+def _stream(texts, tokenizer) -> np.ndarray:
+    """Each document BOS + tokens + EOS, back to back (torchtitan's packing)."""
+    return np.asarray(
+        [t for text in texts for t in tokenizer.encode(text, add_bos=True, add_eos=True)]
+    )
 
 
 def _position(step_dir: Path) -> dict:
@@ -154,11 +169,10 @@ def _corpus_files(root: Path) -> Path:
 
 
 def _streamed_texts(folder: Path):
-    while True:  # pass after pass: files in path order, every 3rd document held out
-        for path in sorted(folder.glob("*.jsonl")):
-            for i, line in enumerate(path.read_text().splitlines()):
-                if i % EVERY != EVERY - 1:
-                    yield json.loads(line)["text"]
+    for path in sorted(folder.glob("*.jsonl")):  # files in path order, every 3rd held out
+        for i, line in enumerate(path.read_text().splitlines()):
+            if i % EVERY != EVERY - 1:
+                yield json.loads(line)["text"]
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +186,6 @@ def tokenizer():
 def embedded(corpus_dir, tmp_path_factory, tokenizer):
     """The embedded corpus: uninterrupted dp 2, resumed at dp 1 as PP2 (2 workers) and
     at dp 4."""
-    from datasets import load_from_disk
 
     root = tmp_path_factory.mktemp("embedded")
     full = _run(root, "full", _layout(2, 0), ())
@@ -181,8 +194,15 @@ def embedded(corpus_dir, tmp_path_factory, tokenizer):
         "pp2_dp1": _run(root, "pp2_dp1", _layout(1, 2, pp=2), (), step4),
         "dp4": _run(root, "dp4", _layout(4, 0), (), step4),
     }
-    docs = load_from_disk(str(corpus_dir / "train"))["text"]
-    return full, resumed, _reference(iter(docs), tokenizer, 8 * GLOBAL)
+    # the embedded corpus' tokenized stream as `make data` wrote it (its tokenization
+    # is checked against the tokenizer's own encode in test_tokenized_data.py)
+    from boost_titan.data.cache import ensure
+    from boost_titan.data.text_sources import SavedText
+
+    corpus = ensure(SavedText(str(corpus_dir / "train")), str(corpus_dir / "tokenizer"),
+                    str(corpus_dir / "tokenized"))  # fmt: skip
+    stream = np.concatenate([np.fromfile(p.prefix + ".bin", corpus.dtype) for p in corpus.parts])
+    return full, resumed, _reference(stream, 8 * GLOBAL)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +222,8 @@ def streamed(tmp_path_factory, tokenizer):
         "tp2_dp2": _run(root, "tp2_dp2", _layout(2, 0, tp=2), data, step4),
         "dp4": _run(root, "dp4", _layout(4, 2), data, step4),
     }
-    return full, resumed, _reference(_streamed_texts(folder), tokenizer, 8 * GLOBAL)
+    stream = _stream(_streamed_texts(folder), tokenizer)
+    return full, resumed, _reference(stream, 8 * GLOBAL), len(stream) // WINDOW
 
 
 def _check_resumes(full, resumed, reference) -> None:
@@ -213,7 +234,7 @@ def _check_resumes(full, resumed, reference) -> None:
         for i, tokens in windows.items():
             assert tokens == reference[i], (step, i)
     at_8 = _position(full.dump_folder / "checkpoint" / "step-8")
-    assert at_8["windows"] == 8 * GLOBAL and at_8["dp_world_size"] == 2
+    assert at_8["samples"] == 8 * GLOBAL and at_8["dp_world_size"] == 2
     layout = ("dp_world_size", "local_batch_size")
     for name, run in resumed.items():
         assert sorted(run.loss[0]) == [5, 6, 7, 8], name  # resumed from step 4
@@ -231,17 +252,17 @@ def _check_resumes(full, resumed, reference) -> None:
 def test_embedded_resumed_at_dp_1_and_4_trains_on_the_same_global_batches(embedded):
     full, resumed, reference = embedded
     _check_resumes(full, resumed, reference)
-    line = "data position from the checkpoint: window 32 (pass 0, file 0 document "
-    assert line in resumed["dp4"].output
-    assert "saved at data-parallel degree 2 x local batch 4; this run (degree 4 x 2)" in (
-        resumed["dp4"].output
+    line = (
+        "boost_corpus: data position from the checkpoint: sample 32, saved at data-parallel "
+        "degree 2 x local batch 4; this run (degree 4 x 2) goes on with the same global order"
     )
+    assert line in resumed["dp4"].output
 
 
 @pytest.mark.slow
 def test_streamed_with_workers_resumes_at_dp_1_2_4(streamed):
-    full, resumed, reference = streamed
+    full, resumed, reference, windows = streamed
     _check_resumes(full, resumed, reference)
     assert "Dataset local_text is being re-looped" in resumed["dp1"].output  # passes go on
     position = _position(full.dump_folder / "checkpoint" / "step-4")
-    assert position["epoch"] >= 1  # the checkpoint was saved after a re-loop
+    assert position["samples"] == 32 > windows  # saved after a pass over the corpus

@@ -34,7 +34,7 @@ from helpers import REPO_ROOT
 from boost_titan.data import indexed, local_text, text_sources
 from boost_titan.data.local_text import CorpusError
 from boost_titan.data.order import Blend, BlendError, Order, pass_key, permute
-from boost_titan.data.text_sources import FileText, source_of
+from boost_titan.data.text_sources import source_of
 from boost_titan.data.tokenize import tokenize
 from boost_titan.data.tokenized import MANIFEST, WindowReader, open_corpus
 from boost_titan.data.window_loader import WindowLoader
@@ -47,10 +47,10 @@ def _write_corpus(folder: Path, files: int, docs: int, seed: int = 0) -> Path:
     folder.mkdir(parents=True)
     rng = random.Random(seed)
     for f in range(files):
-        lines = [
-            json.dumps({"text": f"doc {f}.{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 80)))})
-            for i in range(docs)
-        ]  # fmt: skip
+        lines = []
+        for i in range(docs):
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 80)))
+            lines.append(json.dumps({"text": f"doc {f}.{i}: {words}"}))
         (folder / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
     return folder
 
@@ -134,7 +134,9 @@ def test_each_document_is_the_tokenizers_encoding(corpora, tok):
     stream = np.fromfile(corpus.parts[0].prefix + ".bin", dtype=np.uint16)
     offsets = np.concatenate([[0], np.cumsum(index.lengths)])
     for i, text in enumerate(texts):
-        assert stream[offsets[i] : offsets[i + 1]].tolist() == tok.encode(text, add_bos=True, add_eos=True)
+        assert stream[offsets[i] : offsets[i + 1]].tolist() == tok.encode(
+            text, add_bos=True, add_eos=True
+        )
     reader = WindowReader(corpus, 17)
     assert reader.read(3).tolist() == stream[51:68].tolist()
     assert reader.bytes_read == 17 * 2 and reader.reads == 1
@@ -160,7 +162,12 @@ def test_workers_shards_and_a_killed_run_make_the_same_corpus(tmp_path, monkeypa
     assert merged["digest"] == one["digest"]
     assert (shards / "part-00000.bin").stat().st_mtime_ns == finished["part-00000"]
     with pytest.raises(CorpusError, match="another source or tokenizer"):
-        tokenize(source_of(str(_write_corpus(tmp_path / "other", 1, 3))), TOKENIZER, str(shards), quiet=True)
+        tokenize(
+            source_of(str(_write_corpus(tmp_path / "other", 1, 3))),
+            TOKENIZER,
+            str(shards),
+            quiet=True,
+        )
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, corpora):
@@ -217,7 +224,22 @@ def test_the_cli_tokenizes_and_refuses_in_one_line(tmp_path, capsys):
 
     raw = _write_corpus(tmp_path / "raw", 2, 5)
     out = tmp_path / "out"
-    assert data_main(["tokenize", "--from", str(raw), "--tokenizer", TOKENIZER, "--out", str(out), "--workers", "1"]) == 0
+    assert (
+        data_main(
+            [
+                "tokenize",
+                "--from",
+                str(raw),
+                "--tokenizer",
+                TOKENIZER,
+                "--out",
+                str(out),
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "10 documents" in capsys.readouterr().out
     for argv, line in (
         (["--shard", "2/2"], "--shard '2/2': I must be in 0..N-1"),
@@ -256,7 +278,10 @@ def test_megatron_reads_ours_and_we_read_megatrons(tmp_path, corpora):
     assert proc.returncode == 0, proc.stderr[-2000:]
     index = indexed.read_index(corpus.parts[0].prefix + ".idx")
     stream = np.fromfile(corpus.parts[0].prefix + ".bin", np.uint16)
-    expect = [stream[: index.lengths[0]].tolist(), stream[index.lengths[0] : index.lengths[:2].sum()].tolist()]
+    expect = [
+        stream[: index.lengths[0]].tolist(),
+        stream[index.lengths[0] : index.lengths[:2].sum()].tolist(),
+    ]
     assert proc.stdout.strip() == f"{index.sequences} {expect} [0, 1, 2]"
     manifest = seal([str(tmp_path / "theirs")], TOKENIZER, str(tmp_path / "sealed"))
     assert manifest["documents"] == 3 and manifest["tokens"] == 15
@@ -370,11 +395,15 @@ def test_validation_runs_the_same_batches_on_every_rank(corpora):
     for dp in (1, 2, 3, 4):
         counts = []
         for r in range(dp):
-            loader = _loader([corpus], dp, r, local=2, infinite=False, validation=True, shuffle=False)
+            loader = _loader(
+                [corpus], dp, r, local=2, infinite=False, validation=True, shuffle=False
+            )
             batches = list(loader)
             counts.append(len(batches))
             again = list(loader)  # every pass from the first window
-            assert [b[0]["input"].tolist() for b in again] == [b[0]["input"].tolist() for b in batches]
+            assert [b[0]["input"].tolist() for b in again] == [
+                b[0]["input"].tolist() for b in batches
+            ]
         assert counts == [windows // (2 * dp)] * dp, (dp, counts)
     with pytest.raises(CorpusError, match="fewer than one global batch"):
         _loader([corpus], windows, 0, local=2, infinite=False, validation=True)
@@ -414,13 +443,106 @@ def test_ranks_that_see_different_corpora_stop_in_one_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     assert len(lines) == 4, proc.stdout
-    for r in (0, 1):
-        assert any(
-            line.startswith(f"rank {r}: local_text: rank 1 sees other data than rank 0 (the corpus /c "
-                            "has digest cdcdcdcdcdcd, rank 0's had abababababab (tokens 100 -> 101)")
-            for line in lines
-        ), lines  # fmt: skip
-        assert f"rank {r}: local_text: dataset_path '/x' does not exist" in lines or (
-            f"rank {r}: local_text: rank 1 cannot read the data (local_text: dataset_path '/x' does not exist)"
-            in lines
-        ), lines
+    differ = (
+        "local_text: rank 1 sees other data than rank 0 (the corpus /c has digest "
+        "cdcdcdcdcdcd, rank 0's had abababababab (tokens 100 -> 101); 1 of 2 ranks differ "
+        "from rank 0): every rank must read the same corpus"
+    )
+    missing = "local_text: dataset_path '/x' does not exist"
+    assert len(lines) == 4, lines  # each rank stops on one line, twice
+    assert lines[0] == f"rank 0: local_text: rank 1 cannot read the data ({missing})"
+    assert lines[1].startswith(f"rank 0: {differ}") and lines[3].startswith(f"rank 1: {differ}")
+    assert lines[2] == f"rank 1: {missing}"  # the rank that cannot read says why
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints through DCP (one process)
+
+
+class _RunsCommand:
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+class _Dims:
+    world_size, dp_shard, dp_replicate, cp, tp, pp, ep = 4, 4, 1, 1, 1, 1, 1
+
+
+def _dcp(folder: Path, state: dict, load_into=None) -> None:
+    """DCP save of ``state``, or what the checkpoint manager's dcp_load does for
+    ``load_into``: adapt, then DCP."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from boost_titan.checkpoint.data_position import DataPosition
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is unavailable")
+        if load_into is None:
+            dcp.save(state, checkpoint_id=str(folder))
+        else:
+            adapted = DataPosition.for_run(load_into, _Dims).adapt(
+                {"dataloader": load_into}, folder, False
+            )
+            dcp.load(adapted, checkpoint_id=str(folder))
+
+
+def _per_rank_loader(dp: int, rank: int, tok):
+    """torchtitan's per-rank text loader (what a dataset boost_titan does not read
+    itself gets, and what older boost_titan releases saved)."""
+    from datasets import Dataset
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+    data = Dataset.from_dict({"text": [f"document {i} " + "river " * i for i in range(40)]})
+    ds = HuggingFaceTextDataset.__new__(HuggingFaceTextDataset)
+    ds.dataset_name, ds._tokenizer, ds.seq_len, ds.infinite = "x", tok, 16, True
+    ds._sample_idx, ds._token_buffer = 0, []
+    from datasets.distributed import split_dataset_by_node
+
+    ds._data, ds._text_processor = split_dataset_by_node(data, rank, dp), lambda s: s["text"]
+    return ParallelAwareDataloader(ds, dp_rank=rank, dp_world_size=dp, batch_size=2)
+
+
+def test_positions_through_dcp_and_what_is_refused(corpora, tmp_path, tok):
+    from boost_titan.checkpoint.data_position import DataResumeError
+
+    _, found = corpora
+    both = [found["a"][1], found["b"][1]]
+    weights = [Fraction(7), Fraction(3)]
+    saver = _loader(both, 2, 1, weights=weights)
+    it = iter(saver)
+    for _ in range(3):
+        next(it)
+    _dcp(tmp_path / "ours", {"dataloader": saver})
+    resumed = _loader(both, 4, 3, local=1, weights=weights)
+    _dcp(tmp_path / "ours", None, resumed)
+    assert resumed.samples == 3 * 4
+    # a crafted position pickle runs nothing (no global allowed)
+    marker = tmp_path / "PWNED"
+    with pytest.raises(BaseException) as e:
+        resumed.load_state_dict({"position": pickle.dumps(_RunsCommand(f"touch {marker}"))})
+    assert "its data loader state dataloader.position refers to posix.system" in str(e.value)
+    assert not marker.exists()
+    # per-rank positions of older releases, and torchtitan's loader at another dp
+    old = [_per_rank_loader(2, r, tok) for r in range(2)]
+    _dcp(tmp_path / "two", {"dataloader": {k: v for o in old for k, v in o.state_dict().items()}})
+    with pytest.raises(DataResumeError) as e:
+        _dcp(tmp_path / "two", None, _loader(both, 2, 0, weights=weights))
+    assert str(e.value).startswith(
+        f"checkpoint {tmp_path / 'two'} holds the data positions of 2 data-parallel rank(s), "
+        "saved by an older boost_titan whose loader gave each rank its own shard"
+    )
+    with pytest.raises(DataResumeError) as e:
+        _dcp(tmp_path / "two", None, _per_rank_loader(4, 0, tok))
+    assert str(e.value).startswith(
+        f"checkpoint {tmp_path / 'two'} was saved with data-parallel degree 2 and this run's "
+        "data-parallel degree is 4 (4 processes: dp_shard 4): dataset 'x' is read by "
+        "torchtitan's per-rank loader"
+    )
+    with pytest.raises(DataResumeError, match=r"holds one data position in boost_titan's global"):
+        _dcp(tmp_path / "ours", None, _per_rank_loader(2, 0, tok))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
 POSITION_ITEM = "position"  # the loader's key: DCP item dataloader.position
 _RANK_KEY = re.compile(r"dataloader\.dp_rank_(\d+)$")

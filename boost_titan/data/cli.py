@@ -27,9 +27,16 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("build", help="fetch the pinned sources, build splits and tokenizer")
     b.add_argument("--out", default=None, help=out_help)
-    b.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE vocab size (default %(default)s)")
+    b.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB_SIZE,
+        help="BPE vocab size (default %(default)s)",
+    )
     b.add_argument("--force", action="store_true", help="rebuild even if the corpus is up to date")
-    b.add_argument("--cache-dir", default=None, help="download cache (default: <out>/../.downloads)")
+    b.add_argument(
+        "--cache-dir", default=None, help="download cache (default: <out>/../.downloads)"
+    )
 
     i = sub.add_parser("info", help="print the manifest summary")
     i.add_argument("--out", default=None, help=out_help)
@@ -42,19 +49,41 @@ def main(argv: list[str] | None = None) -> int:
         ".jsonl/.json/.txt/.parquet files, reading them one document at a time, and write "
         "the folder [model] hf_assets_path takes.",
     )
-    t.add_argument("--from", dest="source", required=True, metavar="PATH",
-                   help="a .jsonl/.json/.txt/.parquet file or a folder of them (searched recursively)")
-    t.add_argument("--text-field", default="text",
-                   help="the field holding each document's text (default %(default)s; .txt: whole file)")
-    t.add_argument("--vocab-size", type=int, required=True,
-                   help=f"tokens in the vocabulary (>= {MIN_VOCAB_SIZE}; the recipes' flavors take 32000)")
+    t.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="PATH",
+        help="a .jsonl/.json/.txt/.parquet file or a folder of them (searched recursively)",
+    )
+    t.add_argument(
+        "--text-field",
+        default="text",
+        help="the field holding each document's text (default %(default)s; .txt: whole file)",
+    )
+    t.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        help=f"tokens in the vocabulary (>= {MIN_VOCAB_SIZE}; the recipes' flavors take 32000)",
+    )
     t.add_argument("--out", required=True, help="tokenizer folder to write")
     sample = t.add_mutually_exclusive_group()
-    sample.add_argument("--sample-docs", type=int, default=None,
-                        help="train on at most this many documents, spread over the files")
-    sample.add_argument("--sample-bytes", type=float, default=None,
-                        help="train on at most this many bytes of text (e.g. 2e9), spread over the files")
-    t.add_argument("--force", action="store_true", help="overwrite the tokenizer files in a non-empty --out")
+    sample.add_argument(
+        "--sample-docs",
+        type=int,
+        default=None,
+        help="train on at most this many documents, spread over the files",
+    )
+    sample.add_argument(
+        "--sample-bytes",
+        type=float,
+        default=None,
+        help="train on at most this many bytes of text (e.g. 2e9), spread over the files",
+    )
+    t.add_argument(
+        "--force", action="store_true", help="overwrite the tokenizer files in a non-empty --out"
+    )
 
     k = sub.add_parser(
         "tokenize",
@@ -64,15 +93,41 @@ def main(argv: list[str] | None = None) -> int:
         "reads. Every local core by default; several machines with --shard i/n (the same "
         "arguments on each, then --merge once). Safe to kill and rerun: finished parts are kept.",
     )
-    k.add_argument("--from", dest="source", required=True, metavar="PATH",
-                   help="a .jsonl/.json/.txt/.parquet file, a folder of them, or a save_to_disk folder")
-    k.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer folder (tokenizer.json)")
-    k.add_argument("--out", required=True, metavar="DIR", help="the tokenized corpus folder to write")
-    k.add_argument("--text-field", default="text", help="the field holding each document's text (default %(default)s)")
+    k.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="PATH",
+        help="a .jsonl/.json/.txt/.parquet file, a folder of them, or a save_to_disk folder",
+    )
+    k.add_argument(
+        "--tokenizer", required=True, metavar="DIR", help="tokenizer folder (tokenizer.json)"
+    )
+    k.add_argument(
+        "--out", required=True, metavar="DIR", help="the tokenized corpus folder to write"
+    )
+    k.add_argument(
+        "--text-field",
+        default="text",
+        help="the field holding each document's text (default %(default)s)",
+    )
     k.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
-    k.add_argument("--shard", default="0/1", metavar="I/N", help="this machine's share: parts p with p %% N == I")
-    k.add_argument("--merge", action="store_true", help="tokenize nothing: write corpus.json once every shard is done")
-    k.add_argument("--force", action="store_true", help="replace a corpus of another source or tokenizer in --out")
+    k.add_argument(
+        "--shard",
+        default="0/1",
+        metavar="I/N",
+        help="this machine's share: parts p with p %% N == I",
+    )
+    k.add_argument(
+        "--merge",
+        action="store_true",
+        help="tokenize nothing: write corpus.json once every shard is done",
+    )
+    k.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a corpus of another source or tokenizer in --out",
+    )
 
     e = sub.add_parser(
         "seal",
@@ -80,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Check and digest existing Megatron-LM / NeMo / GPT-NeoX indexed datasets "
         "and write a corpus.json naming them, for [training] dataset = 'tokenized'.",
     )
-    e.add_argument("prefixes", nargs="+", metavar="PREFIX", help="path prefix (or .bin/.idx path) of each dataset")
+    e.add_argument(
+        "prefixes",
+        nargs="+",
+        metavar="PREFIX",
+        help="path prefix (or .bin/.idx path) of each dataset",
+    )
     e.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer the ids are of")
     e.add_argument("--out", required=True, metavar="DIR", help="folder for corpus.json")
 
@@ -89,12 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         return _tokenizer(args)
     if args.cmd in ("tokenize", "seal"):
         return _tokenize(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
     if args.cmd == "build":
         try:
-            manifest = build_corpus(args.out, vocab_size=args.vocab_size, force=args.force,
-                                    cache_dir=args.cache_dir)
+            manifest = build_corpus(
+                args.out, vocab_size=args.vocab_size, force=args.force, cache_dir=args.cache_dir
+            )
         except CorpusBuildError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -118,8 +181,15 @@ def _tokenizer(args) -> int:
 
     sample_bytes = None if args.sample_bytes is None else int(args.sample_bytes)
     try:
-        info = train_user_tokenizer(args.source, args.out, args.vocab_size, args.text_field,
-                                    args.sample_docs, sample_bytes, args.force)
+        info = train_user_tokenizer(
+            args.source,
+            args.out,
+            args.vocab_size,
+            args.text_field,
+            args.sample_docs,
+            sample_bytes,
+            args.force,
+        )
     except CorpusBuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -136,8 +206,10 @@ def _tokenize(args) -> int:
             from boost_titan.data.seal import seal
 
             m = seal(args.prefixes, args.tokenizer, args.out)
-            print(f"{args.out}: {m['documents']} documents, {m['tokens']} tokens in "
-                  f"{len(m['parts'])} Megatron dataset(s), digest {m['digest'][:12]}")
+            print(
+                f"{args.out}: {m['documents']} documents, {m['tokens']} tokens in "
+                f"{len(m['parts'])} Megatron dataset(s), digest {m['digest'][:12]}"
+            )
             return 0
         from boost_titan.data.text_sources import source_of
         from boost_titan.data.tokenize import tokenize
@@ -145,17 +217,28 @@ def _tokenize(args) -> int:
         index, count = _shard(args.shard)
         if args.workers is not None and args.workers < 1:
             raise BlendError(f"--workers {args.workers} must be >= 1")
-        m = tokenize(source_of(args.source, args.text_field), args.tokenizer, args.out,
-                     args.workers, (index, count), args.merge, args.force)
+        m = tokenize(
+            source_of(args.source, args.text_field),
+            args.tokenizer,
+            args.out,
+            args.workers,
+            (index, count),
+            args.merge,
+            args.force,
+        )
     except (CorpusError, BlendError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if m is None:
-        print(f"{args.out}: shard {args.shard} done; the corpus is complete once every shard "
-              "is: then run the same command with --merge")
+        print(
+            f"{args.out}: shard {args.shard} done; the corpus is complete once every shard "
+            "is: then run the same command with --merge"
+        )
         return 0
-    print(f"{args.out}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}) in "
-          f"{len(m['parts'])} part(s), digest {m['digest'][:12]}")
+    print(
+        f"{args.out}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}) in "
+        f"{len(m['parts'])} part(s), digest {m['digest'][:12]}"
+    )
     return 0
 
 

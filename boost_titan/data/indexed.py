@@ -94,8 +94,7 @@ def read_index(path: str) -> Index:
         raise CorpusError(f"cannot read Megatron index {path}: {e.strerror}") from None
     if len(head) < _HEAD.size or not head.startswith(MAGIC):
         raise CorpusError(
-            f"{path} is not a Megatron .idx file (it does not start with {MAGIC!r}; "
-            f"{size} bytes)"
+            f"{path} is not a Megatron .idx file (it does not start with {MAGIC!r}; {size} bytes)"
         )
     _, version, code, sequences, documents = _HEAD.unpack(head)
     if version != VERSION:
@@ -177,7 +176,9 @@ def write_index(path: str, lengths: np.ndarray, dtype: np.dtype) -> None:
     """The ``.idx`` of back-to-back sequences of ``lengths`` tokens, one document each."""
     n = len(lengths)
     if n and int(lengths.max()) > np.iinfo(np.int32).max:
-        raise CorpusError(f"{path}: a document of {int(lengths.max())} tokens (the format's limit is 2^31 - 1)")
+        raise CorpusError(
+            f"{path}: a document of {int(lengths.max())} tokens (the format's limit is 2^31 - 1)"
+        )
     pointers = np.zeros(n, np.int64)
     if n:
         np.cumsum(lengths[:-1] * np.dtype(dtype).itemsize, out=pointers[1:])

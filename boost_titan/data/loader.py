@@ -83,7 +83,9 @@ def parse_blend(entries: list[str]) -> list[tuple[Fraction, str]]:
                 f"[training] dataset_blend entry {entry!r} is not 'WEIGHT:PATH' (e.g. "
                 "'0.7:/data/web_tokenized')"
             )
-        out.append((parse_weight(weight, f"[training] dataset_blend entry {entry!r}"), path.strip()))
+        out.append(
+            (parse_weight(weight, f"[training] dataset_blend entry {entry!r}"), path.strip())
+        )
     return out
 
 
@@ -101,7 +103,9 @@ def raw_source(job_config, section: str):
     root = cache_root(t.dataset_cache)
     if s.dataset in EMBEDDED and not s.dataset_path:
         corpus_dir = default_corpus_dir()
-        return SavedText(str(corpus_dir / EMBEDDED[s.dataset]), "text"), str(corpus_dir / "tokenized")
+        return SavedText(str(corpus_dir / EMBEDDED[s.dataset]), "text"), str(
+            corpus_dir / "tokenized"
+        )
     if s.dataset in LOCAL_DATASETS:
         corpus = corpus_for(job_config, section)
         if corpus.streamed:

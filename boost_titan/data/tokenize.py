@@ -189,9 +189,14 @@ class Job:
             "tokens": sum(r["tokens"] for r in records),
             "max_token": max(r["max_token"] for r in records),
             "parts": [
-                {"prefix": f"part-{r['part']:05d}", "tokens": r["tokens"],
-                 "documents": r["documents"], "bin_bytes": r["bin_bytes"],
-                 "idx_bytes": r["idx_bytes"], "digest": r["digest"]}
+                {
+                    "prefix": f"part-{r['part']:05d}",
+                    "tokens": r["tokens"],
+                    "documents": r["documents"],
+                    "bin_bytes": r["bin_bytes"],
+                    "idx_bytes": r["idx_bytes"],
+                    "digest": r["digest"],
+                }
                 for r in records
             ],  # fmt: skip
         }

@@ -43,7 +43,12 @@ def train_tokenizer(
 
 
 def tokenizer_config() -> dict[str, Any]:
-    return {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "add_bos_token": False, "add_eos_token": False}
+    return {
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "add_bos_token": False,
+        "add_eos_token": False,
+    }
 
 
 def write_tokenizer(tok, tok_dir: Path) -> None:
@@ -60,7 +65,9 @@ def check_tokenizer(tok_dir: Path, vocab_size: int) -> None:
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     problems = []
     if tok.get_vocab_size() != vocab_size:
-        problems.append(f"vocab size {tok.get_vocab_size()} != {vocab_size} (corpus too small for this vocab?)")
+        problems.append(
+            f"vocab size {tok.get_vocab_size()} != {vocab_size} (corpus too small for this vocab?)"
+        )
     if tok.token_to_id(BOS_TOKEN) != 0 or tok.token_to_id(EOS_TOKEN) != 1:
         problems.append("special token ids are not BOS=0, EOS=1")
     sample = "Hello, world!  Ünïcödé \u2014 tabs\tand\n\nnewlines  "

@@ -91,8 +91,17 @@ class WindowLoader(BaseDataLoader):
     ):
         self.dataset_name, self.corpora, self.weights = name, list(corpora), list(weights)
         self.seq_len, self.window = seq_len, seq_len + 1
-        self.local_batch_size, self.dp_rank, self.dp_world_size = local_batch_size, dp_rank, dp_world_size
-        self.seed, self.shuffle, self.infinite, self.validation = seed, shuffle, infinite, validation
+        self.local_batch_size, self.dp_rank, self.dp_world_size = (
+            local_batch_size,
+            dp_rank,
+            dp_world_size,
+        )
+        self.seed, self.shuffle, self.infinite, self.validation = (
+            seed,
+            shuffle,
+            infinite,
+            validation,
+        )
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.persistent_workers, self.pin_memory = persistent_workers, pin_memory
         counts = [c.windows(self.window) for c in self.corpora]
@@ -187,9 +196,14 @@ class WindowLoader(BaseDataLoader):
         if len(self.corpora) == 1:
             what = self.corpora[0].describe()
         else:
-            share = [f"{float(w / sum(self.weights)):.3g} x {c.path}" for w, c in zip(self.weights, self.corpora)]
+            share = [
+                f"{float(w / sum(self.weights)):.3g} x {c.path}"
+                for w, c in zip(self.weights, self.corpora)
+            ]
             what = f"a blend of {len(self.corpora)} tokenized corpora ({', '.join(share)})"
-        order = "shuffled windows (seed %d)" % self.seed if self.shuffle else "windows in corpus order"
+        order = (
+            "shuffled windows (seed %d)" % self.seed if self.shuffle else "windows in corpus order"
+        )
         line = (
             f"{self.dataset_name}: {what}; {order} of {self.window} tokens; a global batch is "
             f"{local * dp} windows ({local} per rank x {dp} ranks) and rank {self.dp_rank} "
@@ -228,7 +242,9 @@ class WindowLoader(BaseDataLoader):
                 f"stream; it does not continue the tokenized corpus' order; {RESTART}"
             )
         if type(state.get("samples")) is not int or state["samples"] < 0:
-            raise DataResumeError(f"{name}: {key} 'samples' is not a count: {state.get('samples')!r}")
+            raise DataResumeError(
+                f"{name}: {key} 'samples' is not a count: {state.get('samples')!r}"
+            )
         what = differences(state, self.view())
         if what:
             raise DataResumeError(
@@ -247,7 +263,9 @@ class WindowLoader(BaseDataLoader):
         )
 
 
-def differences(saved: dict[str, Any], now: dict[str, Any], then: str = "the checkpoint's") -> list[str]:
+def differences(
+    saved: dict[str, Any], now: dict[str, Any], then: str = "the checkpoint's"
+) -> list[str]:
     """What differs between a saved view of the data (``then``'s) and this run's, one
     phrase each."""
     out = []

@@ -75,9 +75,18 @@ def _save_split(docs: list[Doc], path: Path) -> None:
     import datasets
 
     ds = datasets.Dataset.from_dict(
-        {"text": [d.text for d in docs], "source": [d.source for d in docs], "doc_id": [d.doc_id for d in docs]},
-        features=datasets.Features({"text": datasets.Value("string"), "source": datasets.Value("string"),
-                                    "doc_id": datasets.Value("string")}),
+        {
+            "text": [d.text for d in docs],
+            "source": [d.source for d in docs],
+            "doc_id": [d.doc_id for d in docs],
+        },
+        features=datasets.Features(
+            {
+                "text": datasets.Value("string"),
+                "source": datasets.Value("string"),
+                "doc_id": datasets.Value("string"),
+            }
+        ),
     )
     ds.save_to_disk(str(path), num_shards=1)
 
@@ -85,7 +94,7 @@ def _save_split(docs: list[Doc], path: Path) -> None:
 def _count_tokens(tok, texts: list[str]) -> int:
     total = 0
     for i in range(0, len(texts), 256):
-        total += sum(len(e.ids) for e in tok.encode_batch(texts[i: i + 256]))
+        total += sum(len(e.ids) for e in tok.encode_batch(texts[i : i + 256]))
     return total
 
 
@@ -97,8 +106,12 @@ def _build_into(tmp: Path, vocab_size: int, cache: Path) -> dict[str, Any]:
     docs: list[Doc] = []
     for name, src in SOURCES.items():
         sdocs = loaders.load_source(src, archives[name])
-        logger.info("source %-12s %5d docs %9d bytes", name, len(sdocs),
-                    sum(len(d.text.encode("utf-8")) for d in sdocs))
+        logger.info(
+            "source %-12s %5d docs %9d bytes",
+            name,
+            len(sdocs),
+            sum(len(d.text.encode("utf-8")) for d in sdocs),
+        )
         docs.extend(sdocs)
     train, val = split_documents(docs)
     t_parse = time.perf_counter()
@@ -106,7 +119,9 @@ def _build_into(tmp: Path, vocab_size: int, cache: Path) -> dict[str, Any]:
     _save_split(train, tmp / TRAIN_DIR)
     _save_split(val, tmp / VAL_DIR)
 
-    logger.info("training byte-level BPE tokenizer (vocab %d) on %d train docs", vocab_size, len(train))
+    logger.info(
+        "training byte-level BPE tokenizer (vocab %d) on %d train docs", vocab_size, len(train)
+    )
     tok = tokenizer.train_tokenizer([d.text for d in train], vocab_size)
     tok_dir = tmp / TOKENIZER_DIR
     tokenizer.write_tokenizer(tok, tok_dir)
@@ -141,24 +156,42 @@ def _build_into(tmp: Path, vocab_size: int, cache: Path) -> dict[str, Any]:
         "tokenizer": {
             "type": "byte-level BPE (tokenizers), ByteLevel pre-tokenizer add_prefix_space=False, trained on train",
             "path": TOKENIZER_DIR,
-            "bos_token": BOS_TOKEN, "bos_id": 0, "eos_token": EOS_TOKEN, "eos_id": 1,
+            "bos_token": BOS_TOKEN,
+            "bos_id": 0,
+            "eos_token": EOS_TOKEN,
+            "eos_id": 1,
         },
-        "split": {"rule": "sha256(source\\0doc_id)[:8]/2**64 < val_fraction; >=1 val doc per source with "
-                          f">= {MIN_DOCS_FOR_FORCED_VAL} docs", "val_fraction": VAL_FRACTION},
+        "split": {
+            "rule": "sha256(source\\0doc_id)[:8]/2**64 < val_fraction; >=1 val doc per source with "
+            f">= {MIN_DOCS_FOR_FORCED_VAL} docs",
+            "val_fraction": VAL_FRACTION,
+        },
         "sources": sources,
         # train tokens are estimated from the validation bytes/token (exact counting costs ~20 s)
-        "train": {"path": TRAIN_DIR, "docs": len(train), "bytes": train_bytes,
-                  "tokens_estimate": int(round(train_bytes * val_tokens / max(val_bytes, 1)))},
-        "validation": {"path": VAL_DIR, "docs": len(val), "bytes": val_bytes, "tokens": val_tokens,
-                       "bytes_per_token": round(val_bytes / max(val_tokens, 1), 4)},
+        "train": {
+            "path": TRAIN_DIR,
+            "docs": len(train),
+            "bytes": train_bytes,
+            "tokens_estimate": int(round(train_bytes * val_tokens / max(val_bytes, 1))),
+        },
+        "validation": {
+            "path": VAL_DIR,
+            "docs": len(val),
+            "bytes": val_bytes,
+            "tokens": val_tokens,
+            "bytes_per_token": round(val_bytes / max(val_tokens, 1), 4),
+        },
         "content_hashes": {
             "train_texts": texts_sha256(train),
             "validation_texts": texts_sha256(val),
             "tokenizer_json": fetch.sha256_file(tok_dir / "tokenizer.json"),
         },
-        "build_seconds": {"fetch": round(t_fetch - t0, 2), "parse": round(t_parse - t_fetch, 2),
-                          "save_and_tokenizer": round(t_tok - t_parse, 2),
-                          "total": round(time.perf_counter() - t0, 2)},
+        "build_seconds": {
+            "fetch": round(t_fetch - t0, 2),
+            "parse": round(t_parse - t_fetch, 2),
+            "save_and_tokenizer": round(t_tok - t_parse, 2),
+            "total": round(time.perf_counter() - t0, 2),
+        },
     }
     with open(tmp / MANIFEST_NAME, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, sort_keys=False)
@@ -195,8 +228,9 @@ def _quiet_datasets() -> Iterator[None]:
             ds_logging.enable_progress_bar()
 
 
-def build_corpus(out_dir=None, vocab_size: int = DEFAULT_VOCAB_SIZE, force: bool = False,
-                 cache_dir=None) -> dict[str, Any]:
+def build_corpus(
+    out_dir=None, vocab_size: int = DEFAULT_VOCAB_SIZE, force: bool = False, cache_dir=None
+) -> dict[str, Any]:
     """Build (or reuse) the corpus in ``out_dir``; return its manifest.
 
     The returned dict carries ``"_built_now"`` (not saved): True if this call built the corpus,
@@ -232,9 +266,14 @@ def build_corpus(out_dir=None, vocab_size: int = DEFAULT_VOCAB_SIZE, force: bool
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        logger.info("corpus built in %.1fs: train %d docs / %.1f MB, val %d docs / %.2f MB, "
-                    "%.3f bytes/token on val", time.perf_counter() - t0,
-                    manifest["train"]["docs"], manifest["train"]["bytes"] / 1e6,
-                    manifest["validation"]["docs"], manifest["validation"]["bytes"] / 1e6,
-                    manifest["validation"]["bytes_per_token"])
+        logger.info(
+            "corpus built in %.1fs: train %d docs / %.1f MB, val %d docs / %.2f MB, "
+            "%.3f bytes/token on val",
+            time.perf_counter() - t0,
+            manifest["train"]["docs"],
+            manifest["train"]["bytes"] / 1e6,
+            manifest["validation"]["docs"],
+            manifest["validation"]["bytes"] / 1e6,
+            manifest["validation"]["bytes_per_token"],
+        )
     return dict(manifest, _built_now=True)

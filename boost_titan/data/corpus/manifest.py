@@ -35,7 +35,11 @@ def default_corpus_dir() -> Path:
 
 def resolve_dirs(out_dir, cache_dir) -> tuple[Path, Path]:
     out = Path(out_dir).expanduser().absolute() if out_dir is not None else default_corpus_dir()
-    cache = Path(cache_dir).expanduser().absolute() if cache_dir is not None else out.parent / ".downloads"
+    cache = (
+        Path(cache_dir).expanduser().absolute()
+        if cache_dir is not None
+        else out.parent / ".downloads"
+    )
     return out, cache
 
 
@@ -56,8 +60,12 @@ def manifest_matches(out: Path, manifest: dict[str, Any] | None, vocab_size: int
     pins = {name: info.get("pin") for name, info in (manifest.get("sources") or {}).items()}
     if pins != {name: src.pin() for name, src in SOURCES.items()}:
         return False
-    required = [out / TRAIN_DIR / "dataset_info.json", out / VAL_DIR / "dataset_info.json",
-                out / TOKENIZER_DIR / "tokenizer.json", out / TOKENIZER_DIR / "tokenizer_config.json"]
+    required = [
+        out / TRAIN_DIR / "dataset_info.json",
+        out / VAL_DIR / "dataset_info.json",
+        out / TOKENIZER_DIR / "tokenizer.json",
+        out / TOKENIZER_DIR / "tokenizer_config.json",
+    ]
     return all(p.is_file() for p in required)
 
 
@@ -73,13 +81,19 @@ def format_manifest(manifest: dict[str, Any]) -> str:
     lines = [f"format {manifest.get('format_version')}, vocab size {manifest.get('vocab_size')}"]
     lines.append(f"{'source':<12} {'artifact':<42} {'docs':>6} {'val':>4} {'MB':>7}")
     for name, s in manifest.get("sources", {}).items():
-        lines.append(f"{name:<12} {s['pin']['artifact']:<42} {s['docs']:>6} {s['val_docs']:>4} "
-                     f"{s['bytes'] / 1e6:>7.2f}")
+        lines.append(
+            f"{name:<12} {s['pin']['artifact']:<42} {s['docs']:>6} {s['val_docs']:>4} "
+            f"{s['bytes'] / 1e6:>7.2f}"
+        )
     tr, va = manifest.get("train", {}), manifest.get("validation", {})
-    lines.append(f"train:      {tr.get('docs')} docs, {tr.get('bytes', 0) / 1e6:.2f} MB, "
-                 f"~{tr.get('tokens_estimate')} tokens")
-    lines.append(f"validation: {va.get('docs')} docs, {va.get('bytes', 0) / 1e6:.2f} MB, "
-                 f"{va.get('tokens')} tokens, {va.get('bytes_per_token')} bytes/token")
+    lines.append(
+        f"train:      {tr.get('docs')} docs, {tr.get('bytes', 0) / 1e6:.2f} MB, "
+        f"~{tr.get('tokens_estimate')} tokens"
+    )
+    lines.append(
+        f"validation: {va.get('docs')} docs, {va.get('bytes', 0) / 1e6:.2f} MB, "
+        f"{va.get('tokens')} tokens, {va.get('bytes_per_token')} bytes/token"
+    )
     for k, v in manifest.get("content_hashes", {}).items():
         lines.append(f"sha256 {k}: {v}")
     return "\n".join(lines)
