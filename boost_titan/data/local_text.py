@@ -1,14 +1,16 @@
 """Your own corpus on disk (``[training] dataset = "local_text"``): which files it is,
-the checks made before the model is built, and the documents read from them.
+the checks made before the model is built, and the documents read from them (by
+``boost_titan.data.text_sources``, which tokenizes them once into the cache that
+training reads: ``boost_titan.data.cache``).
 
 ``dataset_path`` is one of:
 
 * a ``save_to_disk`` folder (it holds ``dataset_info.json`` or ``state.json``): already
-  Arrow on disk, memory-mapped and read **map-style** (by document index);
+  Arrow on disk, memory-mapped and read by row;
 * a ``.jsonl`` / ``.json`` / ``.txt`` / ``.parquet`` file, or a folder holding files of
   one of those formats (searched recursively, sorted by path; names starting with ``.``
-  are skipped): **streamed**, each file read as training consumes it, with no copy
-  into the Hugging Face datasets cache (``load_dataset`` without streaming would first
+  are skipped): **streamed**, each file read one document at a time, with no copy into
+  the Hugging Face datasets cache (``load_dataset`` without streaming would first
   convert the whole corpus to Arrow in ``~/.cache/huggingface``, on every node).
 
 Formats: ``.jsonl`` one JSON object per line (blank lines skipped); ``.json`` either
@@ -18,10 +20,9 @@ file (an empty file holds none). The document text is the field ``[training] dat
 (default ``"text"``; not used by ``.txt``).
 
 :func:`find_corpus` and :func:`check_corpus` refuse, in one line naming the path, file
-and sample: a path with no readable files of these formats, mixed formats, a file with
-no documents (an empty file would leave a rank of a file-sharded run with nothing to
-read), and a first document without the text field. A later document without it stops
-training with the same line (file and line/row).
+and sample: a path with no readable files of these formats, mixed formats, files that
+hold no document at all, and a first document without the text field. A later
+document without it stops the tokenization with the same line (file and line/row).
 
 ``[training] dataset_holdout_files = N`` holds the last N files (in path order) out of
 training (:func:`split_holdout`), ``dataset_holdout_every = N`` the N-th, 2N-th, ...
@@ -385,9 +386,9 @@ def _first_document(file: str, kind: str, field: str) -> str | None:
 
 
 def check_corpus(corpus: Corpus) -> None:
-    """Every file readable with a first document holding the text field; no file
-    without documents. Reads one document per file (.parquet: its footer; a saved
-    dataset: its columns)."""
+    """Every file readable with a first document holding the text field (an empty file
+    holds none and is passed over), and at least one document. Reads one document per
+    file (.parquet: its footer; a saved dataset: its columns)."""
     if not corpus.streamed:
         from datasets import load_from_disk
 
@@ -408,10 +409,4 @@ def check_corpus(corpus: Corpus) -> None:
         raise CorpusError(
             f"local_text: {corpus.path!r} holds no documents: its {len(empty)} "
             f"{corpus.suffixes()} file(s) are empty"
-        )
-    if empty:
-        raise CorpusError(
-            f"local_text: {len(empty)} of the {len(corpus.files)} files of {corpus.path!r} "
-            f"hold no documents ({', '.join(empty[:3])}{', ...' if len(empty) > 3 else ''}); "
-            "remove them (sharding is by file: an empty file can leave a rank nothing to read)"
         )

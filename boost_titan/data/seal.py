@@ -19,7 +19,7 @@ import numpy as np
 from boost_titan.data import indexed
 from boost_titan.data.local_text import CorpusError
 from boost_titan.data.tokenize import _write_json, tokenizer_identity
-from boost_titan.data.tokenized import FORMAT, MANIFEST, VERSION, digest_of
+from boost_titan.data.tokenized import FORMAT, MANIFEST, VERSION, digest_of, manifest_digest
 
 _CHUNK = 1 << 26  # bytes hashed and scanned at a time
 
@@ -92,7 +92,7 @@ def seal(prefixes: list[str], tokenizer_dir: str, out: str) -> dict[str, Any]:
         "max_token": top,
         "parts": parts,
     }
-    manifest = {**body, "digest": digest_of(body)}
+    manifest = {**body, "digest": manifest_digest(body)}
     os.makedirs(out, exist_ok=True)
     _write_json(os.path.join(out, MANIFEST), manifest)
     return manifest

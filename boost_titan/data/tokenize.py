@@ -33,7 +33,14 @@ import numpy as np
 
 from boost_titan.data import indexed
 from boost_titan.data.local_text import CorpusError
-from boost_titan.data.tokenized import FORMAT, MANIFEST, VERSION, digest_of, open_corpus
+from boost_titan.data.tokenized import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    digest_of,
+    manifest_digest,
+    open_corpus,
+)
 from boost_titan.data import text_sources
 from boost_titan.data.text_sources import Unit
 
@@ -200,7 +207,7 @@ class Job:
                 for r in records
             ],  # fmt: skip
         }
-        return {**body, "digest": digest_of(body)}
+        return {**body, "digest": manifest_digest(body)}
 
 
 def _write_json(path: str, record: dict[str, Any]) -> None:

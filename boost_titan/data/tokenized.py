@@ -8,7 +8,7 @@ seal`` (read where they are). The manifest holds, per part, its token and docume
 counts, its files' sizes and the digest of its ``.bin``; for the whole corpus, the token
 dtype, the largest token id, the tokenizer it was made with (a digest of its files and
 its BOS/EOS ids) and the source it was made from; and ``digest``, the xxh3-128 of all
-of that: the corpus' identity, recorded in every checkpoint's data position and
+of that but where things are (:func:`manifest_digest`): the corpus' identity, recorded in every checkpoint's data position and
 compared between ranks before the first step.
 
 The corpus' token stream is its parts' ``.bin`` files back to back. :class:`WindowReader`
@@ -38,12 +38,28 @@ FORMAT = "boost_titan tokenized corpus"
 VERSION = 1
 
 
-def digest_of(record: dict[str, Any]) -> str:
+def digest_of(record: Any) -> str:
     """xxh3-128 of a record's canonical JSON (keys sorted, no spaces)."""
     import xxhash
 
     text = json.dumps(record, sort_keys=True, separators=(",", ":"))
     return xxhash.xxh3_128_hexdigest(text.encode())
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The corpus' identity: its manifest's digest, less where things were (the source's
+    and the tokenizer's paths, and ``digest`` itself): the same files copied to another
+    disk or cluster, or tokenized there from a copy of the source, are the same corpus."""
+    body = {k: v for k, v in manifest.items() if k not in ("digest", "plan")}  # plan: paths
+    for key in ("source", "tokenizer"):
+        if isinstance(body.get(key), dict):
+            body[key] = {k: v for k, v in body[key].items() if k != "path"}
+    if isinstance(body.get("parts"), list):  # (sealed Megatron files: absolute prefixes)
+        body["parts"] = [
+            {k: v for k, v in p.items() if k != "prefix"} if isinstance(p, dict) else p
+            for p in body["parts"]
+        ]
+    return digest_of(body)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +151,8 @@ def open_corpus(path: str) -> TokenizedCorpus:
             f"{MANIFEST} has version {manifest.get('version')!r}; this boost_titan reads "
             f"version {VERSION} (tokenize the corpus again)",
         )
-    body = {k: v for k, v in manifest.items() if k != "digest"}
     try:
-        ok = digest_of(body) == manifest.get("digest")
+        ok = manifest_digest(manifest) == manifest.get("digest")
     except (TypeError, ValueError):
         ok = False
     if not ok:

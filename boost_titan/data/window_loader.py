@@ -282,12 +282,14 @@ def differences(
             a = a if isinstance(a, dict) else {}
             changed = [
                 f"{k} {a.get(k)!r} -> {b[k]!r}"
-                for k in ("tokenizer", "tokens", "documents", "source", "path")
+                for k in ("tokenizer", "tokens", "documents")
                 if a.get(k) != b[k]
-            ]
+            ] or ["same counts: its files or their contents changed"]
+            if a.get("source") != b["source"]:
+                changed.append(f"tokenized from {b['source']!r}, then from {a.get('source')!r}")
             label = f"corpus {i} " if len(now_c) > 1 else "the corpus "
             out.append(
                 f"{label}{b['path']} has digest {b['digest'][:12]}, {then} had "
-                f"{str(a.get('digest'))[:12]} ({', '.join(changed) or 'same counts: its contents changed'})"
+                f"{str(a.get('digest'))[:12]} ({', '.join(changed)})"
             )
     return out
