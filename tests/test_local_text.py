@@ -616,7 +616,7 @@ def test_dp2_resume_over_changed_files(runs, tmp_path):
         f.write(more)
     data = (
         "--training.dataset", "local_text", "--training.dataset_path", str(changed),
-        "--training.dataset_holdout_files", "1", "--validation.no-enable",
+        "--training.dataset_holdout_files", "2", "--validation.no-enable",
     )  # fmt: skip
     step2 = full.dump_folder / "checkpoint" / "step-2"
     shutil.copytree(step2, tmp_path / "refused" / "checkpoint" / "step-2")

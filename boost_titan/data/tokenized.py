@@ -12,9 +12,10 @@ of that but where things are (:func:`manifest_digest`): the corpus' identity, re
 compared between ranks before the first step.
 
 The corpus' token stream is its parts' ``.bin`` files back to back. :class:`WindowReader`
-reads a window as byte ranges of them (``os.pread``), opening a part the first time a
-window reaches it and checking its size then: a rank opens only the parts its windows
-fall in and reads only its windows' bytes.
+reads a window as byte ranges of them (``os.pread``), opening a part when a window
+reaches it and checking its size then (at most :data:`MAX_OPEN` kept open, least
+recently used closed first): a rank opens only the parts its windows fall in and reads
+only its windows' bytes.
 
 A folder without ``corpus.json`` is never read (``data tokenize`` writes it last, after
 every part: a tokenization that was killed, or a shard of a multi-machine one, is not
@@ -24,6 +25,7 @@ a corpus until it is complete).
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import json
 import os
@@ -36,6 +38,7 @@ from boost_titan.data.local_text import CorpusError
 MANIFEST = "corpus.json"
 FORMAT = "boost_titan tokenized corpus"
 VERSION = 1
+MAX_OPEN = 64  # part files a reader keeps open (least recently used closed first)
 
 
 def digest_of(record: Any) -> str:
@@ -173,13 +176,17 @@ class WindowReader:
         self.starts = [0]  # first token of each part in the stream
         for p in corpus.parts:
             self.starts.append(self.starts[-1] + p.tokens)
-        self._fds: dict[int, int] = {}
+        self._fds: collections.OrderedDict[int, int] = collections.OrderedDict()
         self.bytes_read = 0
         self.reads = 0
 
     def _fd(self, i: int) -> int:
         fd = self._fds.get(i)
-        if fd is None:
+        if fd is not None:
+            self._fds.move_to_end(i)
+        else:
+            if len(self._fds) >= MAX_OPEN:  # shuffled windows touch every part in time
+                os.close(self._fds.popitem(last=False)[1])
             part = self.corpus.parts[i]
             path = part.prefix + ".bin"
             try:
@@ -223,5 +230,5 @@ class WindowReader:
 
     def __getstate__(self):  # DataLoader workers open their own descriptors
         state = dict(self.__dict__)
-        state["_fds"] = {}
+        state["_fds"] = collections.OrderedDict()
         return state
