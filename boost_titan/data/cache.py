@@ -11,7 +11,8 @@ the embedded corpus' splits live in ``data/boost_corpus/tokenized`` (``make data
 it). The first process to need a corpus tokenizes it (every core, a progress line)
 under an exclusive ``flock`` of ``ROOT/<key>.lock``; the others wait on the lock and
 then open what it wrote (the lock is the kernel's: a killed process never leaves it
-held, and ``data tokenize`` resumes the parts it finished). A corpus too large to
+held, and ``data tokenize`` resumes the parts it finished). A cached corpus that no
+longer opens (damaged, or written by another version) is made again. A corpus too large to
 tokenize at launch is tokenized beforehand with ``boost-titan data tokenize`` and read
 with ``[training] dataset = "tokenized"``.
 """
@@ -20,7 +21,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 
+from torchtitan.tools.logging import logger
+
+from boost_titan.data.local_text import CorpusError
 from boost_titan.data.text_sources import FileText
 from boost_titan.data.tokenize import tokenize, tokenizer_identity
 from boost_titan.data.tokenized import MANIFEST, TokenizedCorpus, digest_of, open_corpus
@@ -47,10 +52,19 @@ def ensure(source, tokenizer_dir: str, root: str, quiet: bool = False) -> Tokeni
     no process has yet (module docstring)."""
     key = cache_key(source, tokenizer_dir)
     out = os.path.join(root, key)
-    if not os.path.isfile(os.path.join(out, MANIFEST)):
-        os.makedirs(root, exist_ok=True)
-        with open(os.path.join(root, key + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends, however
-            if not os.path.isfile(os.path.join(out, MANIFEST)):
-                tokenize(source, tokenizer_dir, out, quiet=quiet)
+    if os.path.isfile(os.path.join(out, MANIFEST)):
+        try:
+            return open_corpus(out)
+        except CorpusError:
+            pass  # damaged, or written by another version: made again below
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, key + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends, however
+        try:
+            return open_corpus(out)  # another process made it while this one waited
+        except CorpusError as e:
+            if os.path.isfile(os.path.join(out, MANIFEST)):
+                logger.warning(f"cached corpus {out} cannot be read ({e}); tokenizing it again")
+                shutil.rmtree(out)
+        tokenize(source, tokenizer_dir, out, quiet=quiet)
     return open_corpus(out)
