@@ -65,6 +65,7 @@ from boost_titan.observability.profile_events import (
     from_kineto,
     length,
     minus,
+    overlap,
     summary,
 )
 
@@ -104,8 +105,7 @@ def scalars(ev: StepEvents, device: bool, interleaved: bool = False) -> dict[str
     step = (ev.step[1] - ev.step[0]) * ms
     fb = sum(w[1] - w[0] for w in ev.windows) * ms
     if interleaved:
-        inside = [(max(s, ws), min(e, we)) for s, e in ev.backward for ws, we in ev.windows]
-        backward = length([(s, e) for s, e in inside if s < e]) * ms
+        backward = overlap(ev.backward, ev.windows) * ms
         forward = fb - backward
     else:
         forward = sum(b - w[0] for w, b in zip(ev.windows, ev.backward_starts)) * ms
