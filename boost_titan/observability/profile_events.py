@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import re
 from dataclasses import dataclass, field
 
@@ -170,15 +171,20 @@ def executed_flops(host: list[Event]) -> float:
     count, get ``torch.utils.flop_counter``'s formulas (no causal discount, as MFU's
     model FLOPs; backward recomputes the scores). An op on DTensors is recorded twice,
     at the global shape and, inside it, at the local shard's: only innermost ops count."""
+    return _executed_flops(_walk_order(host))
+
+
+def _executed_flops(threads: list[list[Event]]) -> float:
+    """:func:`executed_flops` of host ops in :func:`_walk_order`."""
     total = 0.0
-    for evs in _threads(host).values():
+    for evs in threads:
         # (end, innermost counted op enclosing or being this range); a counted op marks
         # only the nearest counted op around it as a wrapper: that one, when it was
         # walked, marked the next one out, so every wrapper is found in one pass
         stack: list[tuple[float, Event | None]] = []
         wrappers: set[int] = set()
         counted = []
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+        for e in evs:
             while stack and stack[-1][0] <= e.start:
                 stack.pop()
             nearest = stack[-1][1] if stack else None
@@ -193,29 +199,36 @@ def executed_flops(host: list[Event]) -> float:
     return total
 
 
-def _threads(host: list[Event]) -> dict[int, list[Event]]:
+_START, _END = operator.attrgetter("start"), operator.attrgetter("end")
+COMM_NAMESPACES = (TP_NAMESPACE, OTHER_NAMESPACE)
+
+
+def _walk_order(host: list[Event]) -> list[list[Event]]:
+    """The host events of each thread, each range before the ranges it encloses: by
+    start, the longer first at equal starts (two stable sorts on attributes instead of
+    one on built tuples: one sort per analysis, shared by its walks)."""
     by_thread: dict[int, list[Event]] = {}
     for e in host:
         by_thread.setdefault(e.thread, []).append(e)
-    return by_thread
+    for evs in by_thread.values():
+        evs.sort(key=_END, reverse=True)  # stable: equal ranges keep the trace's order
+        evs.sort(key=_START)
+    return list(by_thread.values())
 
 
-def _is_comm(name: str) -> bool:
-    return name.startswith((TP_NAMESPACE, OTHER_NAMESPACE))
-
-
-def _nesting(events: list[Event]) -> dict[int, tuple[Event | None, bool]]:
-    """Per host event (by ``id``): its outermost enclosing collective op (itself if it is
-    one and none encloses it) and whether it runs inside autograd's backward. Ranges of
-    one thread nest; each thread is walked once with a stack."""
+def _nesting(threads: list[list[Event]]) -> dict[int, tuple[Event | None, bool]]:
+    """Per host event (by ``id``) of :func:`_walk_order`: its outermost enclosing
+    collective op (itself if it is one and none encloses it) and whether it runs inside
+    autograd's backward. Ranges of one thread nest; each thread is walked once with a
+    stack."""
     out: dict[int, tuple[Event | None, bool]] = {}
-    for evs in _threads([e for e in events if not e.device]).values():
+    for evs in threads:
         stack: list[tuple[float, Event | None, bool]] = []  # (end, owner, in_backward)
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+        for e in evs:
             while stack and stack[-1][0] <= e.start:
                 stack.pop()
             owner, in_bwd = (stack[-1][1], stack[-1][2]) if stack else (None, False)
-            if owner is None and _is_comm(e.name):
+            if owner is None and e.name.startswith(COMM_NAMESPACES):
                 owner = e
             out[id(e)] = (owner, in_bwd)
             stack.append((e.end, owner, in_bwd or e.name.startswith(BACKWARD)))
@@ -240,17 +253,34 @@ class StepEvents:
     flops: float = 0.0  # executed matmul + attention FLOPs of the step on this rank
 
 
-def collect(events: list[Event], device: bool) -> StepEvents:
+@dataclass
+class HostTree:
+    """A step's host events, walked once for :func:`collect` and :func:`summary` both:
+    per thread in :func:`_walk_order`, and each one's :func:`_nesting`."""
+
+    host: list[Event]
+    threads: list[list[Event]]
+    nest: dict[int, tuple[Event | None, bool]]
+
+
+def host_tree(events: list[Event]) -> HostTree:
+    host = [e for e in events if not e.device]
+    threads = _walk_order(host)
+    return HostTree(host, threads, _nesting(threads))
+
+
+def collect(events: list[Event], device: bool, tree: HostTree | None = None) -> StepEvents:
     """Sort a profiled step's events into :class:`StepEvents`.
 
     ``device`` (GPU): collective time from device kernels instead of host ops, and the
     backward's boundaries (``backward_starts``, ``backward``) moved to the device's side
     (:func:`_device_clock`): the host queues kernels ahead of the device, so the host's
-    first backward op starts while the forward's kernels still run."""
-    host = [e for e in events if not e.device]
+    first backward op starts while the forward's kernels still run. ``tree``:
+    :func:`host_tree` of ``events``, if made already."""
+    tree = tree or host_tree(events)
+    host, nest = tree.host, tree.nest
     step = next(e for e in host if e.name == STEP)
     windows = sorted((e.start, e.end) for e in host if e.name == WINDOW)
-    nest = _nesting(host)
     backward = [
         (e.start, e.end) for e in host if e.name.startswith(BACKWARD) and not nest[id(e)][1]
     ]
@@ -264,7 +294,7 @@ def collect(events: list[Event], device: bool) -> StepEvents:
     out = StepEvents(
         (step.start, step.end), windows, [], backward, {"forward": [], "backward": []}, [], []
     )
-    out.flops = executed_flops(host)
+    out.flops = _executed_flops(tree.threads)
     for e in host:
         owner, in_bwd = nest[id(e)]
         if owner is not e:
@@ -336,12 +366,13 @@ def _device_clock(work: list[tuple[float, float]]):
 LABEL = re.compile(r"^[a-z]+/layer\d+/")
 
 
-def _walk(host: list[Event]):
-    """Per host event: (innermost collective-point label, innermost backward node)."""
+def _walk(threads: list[list[Event]]):
+    """Per host event of :func:`_walk_order`: (innermost collective-point label,
+    innermost backward node)."""
     out: dict[int, tuple[str, Event | None]] = {}
-    for evs in _threads(host).values():
+    for evs in threads:
         stack: list[tuple[float, str, Event | None]] = []
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+        for e in evs:
             while stack and stack[-1][0] <= e.start:
                 stack.pop()
             label, node = (stack[-1][1], stack[-1][2]) if stack else ("", None)
@@ -354,12 +385,14 @@ def _walk(host: list[Event]):
     return out
 
 
-def summary(events: list[Event], top: int = 12) -> str:
+def summary(events: list[Event], top: int = 12, tree: HostTree | None = None) -> str:
     """Markdown: the profiled step's TP collectives by block and collective point
     (forward in its ``LatentComm.scope``; backward named after the forward op that made
-    its autograd node), then the ``top`` host ops by self time."""
-    host = [e for e in events if not e.device]
-    nest, walk = _nesting(host), _walk(host)
+    its autograd node), then the ``top`` host ops by self time. ``tree``:
+    :func:`host_tree` of ``events``, if made already."""
+    tree = tree or host_tree(events)
+    host, nest, threads = tree.host, tree.nest, tree.threads
+    walk = _walk(threads)
     in_window = within([(e.start, e.end) for e in host if e.name == WINDOW])
     # the collective point of every forward op autograd recorded
     point_of_seq = {}
@@ -403,7 +436,7 @@ def summary(events: list[Event], top: int = 12) -> str:
         "| op | calls | self ms |",
         "|---|---|---|",
     ]
-    for name, (calls, us) in _self_times(host)[:top]:
+    for name, (calls, us) in _self_times(threads)[:top]:
         lines.append(f"| {name} | {calls} | {us / 1e3:.2f} |")
     return "\n".join(lines)
 
@@ -413,10 +446,11 @@ def _natural(item):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)], phase
 
 
-def _self_times(host: list[Event]) -> list[tuple[str, tuple[int, float]]]:
-    """(op, (calls, self time us)) by self time, ranges of annotations left out."""
+def _self_times(threads: list[list[Event]]) -> list[tuple[str, tuple[int, float]]]:
+    """(op, (calls, self time us)) by self time of host events in :func:`_walk_order`,
+    ranges of annotations left out."""
     totals: dict[str, list[float]] = {}
-    for evs in _threads(host).values():
+    for evs in threads:
         stack: list[list] = []  # [end, name, child time]
 
         def close(frame):
@@ -425,7 +459,7 @@ def _self_times(host: list[Event]) -> list[tuple[str, tuple[int, float]]]:
             row[0] += 1
             row[1] += (end - start) - children
 
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+        for e in evs:
             while stack and stack[-1][0] <= e.start:
                 close(stack.pop())
             if stack:

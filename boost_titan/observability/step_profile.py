@@ -52,6 +52,7 @@ per token of the latest profiled step.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 import torch
@@ -60,9 +61,11 @@ from boost_titan.observability.profile_events import (
     MIB,
     STEP,
     WINDOW,
+    Event,
     StepEvents,
     collect,
     from_kineto,
+    host_tree,
     length,
     minus,
     overlap,
@@ -143,6 +146,31 @@ def console_line(step: int, s: dict[str, float]) -> str:
     )
 
 
+def analyze(
+    raw: list[Event], device: bool, interleaved: bool = False
+) -> tuple[StepEvents, str, dict[str, float]]:
+    """What a profiled step computes from its events, once the profiler has stopped:
+    (:func:`collect`'s events, :func:`summary`, :func:`scalars`)."""
+    with _gc_paused():
+        tree = host_tree(raw)
+        events = collect(raw, device, tree)
+        return events, summary(raw, tree=tree), scalars(events, device, interleaved)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The analysis allocates a few objects per event (~10^5 in a large step) and frees
+    them all at its end: the collector's full passes over the whole process that the
+    allocations would trigger find nothing to free and cost more than the analysis."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 # ---------------------------------------------------------------- the trainer's side
 def _sync(device_type: str) -> None:
     if device_type == "cuda":
@@ -204,11 +232,11 @@ class StepProfiler:
             finally:
                 self._active = False
                 stop = time.perf_counter()
-        raw = from_kineto(prof)
-        events = collect(raw, device)
+        events, self.last_summary, step_scalars = analyze(
+            from_kineto(prof), device, self.interleaved
+        )
         self.flops_per_step = events.flops
-        self.last_summary = summary(raw)
-        result.update(scalars(events, device, self.interleaved))
+        result.update(step_scalars)
         result[OVERHEAD_TAG] = (time.perf_counter() - stop) * 1e3
 
     @contextlib.contextmanager
