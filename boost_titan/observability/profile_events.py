@@ -397,14 +397,18 @@ def summary(events: list[Event], top: int = 12, tree: HostTree | None = None) ->
     # the collective point of every forward op autograd recorded
     point_of_seq = {}
     for e in host:
+        if e.sequence_nr < 0 or e.sequence_nr in point_of_seq:
+            continue
         label, node = walk[id(e)]
-        if e.sequence_nr >= 0 and node is None and label and e.sequence_nr not in point_of_seq:
+        if node is None and label:
             point_of_seq[e.sequence_nr] = label
     rows: dict[tuple[str, str], list] = {}  # (point, phase) -> [count, volume, us, ops]
     for e in host:
         owner, in_bwd = nest[id(e)]
+        if owner is not e:  # most events: not an outermost collective
+            continue
         op = profiler_op(e.name)
-        if owner is not e or not op or not in_window(e.start):
+        if not op or not in_window(e.start):
             continue
         label, node = walk[id(e)]
         if in_bwd and node is not None:

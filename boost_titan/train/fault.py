@@ -217,11 +217,12 @@ class StepGuard:
     Nothing here waits for the device before that all-reduce: each micro-batch's loss
     adds to a flag on the device (:meth:`record_loss`), and the gradients are judged by
     the total norm torchtitan's ``clip_grad_norm_`` returns (:meth:`record_grad_norm`),
-    non-finite exactly when some gradient is; it is reduced over the TP, FSDP and PP
-    ranks already, and the all-reduce carries a rank's own gradient (DDP's replicas, an
-    ``inf_grad`` injection) to the others. A step whose norm was not recorded gets one
-    of its own (:meth:`_local_grads_nonfinite`). The loss is checked too: an inf loss
-    can have finite gradients (ranks without the last pipeline stage report a finite
+    non-finite exactly when some gradient is. That norm is reduced over the TP, FSDP and
+    PP ranks already; what only one rank's norm shows (a DDP replica's own gradients, an
+    ``inf_grad`` injection there) reaches the others through the flags' all-reduce. A
+    step whose norm was not recorded gets one norm pass of its own
+    (:meth:`_local_grads_nonfinite`). The loss is checked too: an inf loss can have
+    finite gradients (ranks without the last pipeline stage report a finite
     placeholder)."""
 
     def __init__(
