@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import re
 from dataclasses import dataclass, field
 
@@ -46,14 +47,47 @@ def length(spans: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in union(spans))
 
 
+def _covered(spans, holes) -> list[tuple[float, float, float]]:
+    """(start, end, length covered by ``holes``) of each interval of ``union(spans)``.
+    One sweep over both merged lists: a hole is visited for each span it overlaps, and
+    two disjoint sorted lists have fewer than ``len(spans) + len(holes)`` such pairs
+    (comparing every span with every hole took ~90 s per rank per profiled step at 4k
+    collectives beside 50k kernels, #48)."""
+    holes = union(holes)
+    out = []
+    first = 0  # the first hole that may overlap this span or a later one
+    for s, e in union(spans):
+        while first < len(holes) and holes[first][1] <= s:
+            first += 1
+        covered = 0.0
+        k = first
+        while k < len(holes) and holes[k][0] < e:
+            covered += min(e, holes[k][1]) - max(s, holes[k][0])
+            k += 1
+        out.append((s, e, covered))
+    return out
+
+
 def minus(spans, holes) -> float:
     """Length of ``spans`` not covered by ``holes``."""
-    total = 0.0
-    holes = union(holes)
-    for s, e in union(spans):
-        covered = sum(max(0.0, min(e, he) - max(s, hs)) for hs, he in holes)
-        total += (e - s) - covered
-    return total
+    return sum((e - s) - covered for s, e, covered in _covered(spans, holes))
+
+
+def overlap(spans, holes) -> float:
+    """Length of ``spans`` covered by ``holes``."""
+    return sum(covered for _, _, covered in _covered(spans, holes))
+
+
+def within(spans: list[tuple[float, float]]):
+    """``t -> any(s <= t <= e for s, e in spans)`` by bisection on the merged spans."""
+    merged = union(spans)
+    starts = [s for s, _ in merged]
+
+    def inside(t: float) -> bool:
+        i = bisect.bisect_right(starts, t)  # the last span starting at or before t
+        return i > 0 and t <= merged[i - 1][1]
+
+    return inside
 
 
 # ---------------------------------------------------------------- events -> scalars
@@ -121,11 +155,11 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 def _flops(e: Event) -> float | None:
     """FLOPs of a matmul or attention op, None for any other op."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
     if e.name in MATMULS:
         return e.flops
     if e.name.startswith("aten::_scaled_dot_product_") and "attention" in e.name:
+        from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
         if e.name.endswith("_backward"):  # (grad_out, q, k, v, ...)
             return sdpa_backward_flop_count(*e.shapes[:4])
         return sdpa_flop_count(*e.shapes[:3])  # (q, k, v, ...)
@@ -138,45 +172,64 @@ def executed_flops(host: list[Event]) -> float:
     count, get ``torch.utils.flop_counter``'s formulas (no causal discount, as MFU's
     model FLOPs; backward recomputes the scores). An op on DTensors is recorded twice,
     at the global shape and, inside it, at the local shard's: only innermost ops count."""
+    return _executed_flops(_walk_order(host))
+
+
+def _executed_flops(threads: list[list[Event]]) -> float:
+    """:func:`executed_flops` of host ops in :func:`_walk_order`."""
     total = 0.0
-    for evs in _threads(host).values():
-        stack: list[Event] = []
+    for evs in threads:
+        # (end, innermost counted op enclosing or being this range); a counted op marks
+        # only the nearest counted op around it as a wrapper: that one, when it was
+        # walked, marked the next one out, so every wrapper is found in one pass
+        stack: list[tuple[float, Event | None]] = []
         wrappers: set[int] = set()
         counted = []
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
-            while stack and stack[-1].end <= e.start:
+        for e in evs:
+            while stack and stack[-1][0] <= e.start:
                 stack.pop()
-            if _flops(e) is not None:
-                wrappers.update(id(a) for a in stack if _flops(a) is not None)
-                counted.append(e)
-            stack.append(e)
-        total += sum(_flops(e) for e in counted if id(e) not in wrappers)
+            nearest = stack[-1][1] if stack else None
+            flops = _flops(e)
+            if flops is not None:
+                if nearest is not None:
+                    wrappers.add(id(nearest))
+                counted.append((e, flops))
+                nearest = e
+            stack.append((e.end, nearest))
+        total += sum(flops for e, flops in counted if id(e) not in wrappers)
     return total
 
 
-def _threads(host: list[Event]) -> dict[int, list[Event]]:
+_START, _END = operator.attrgetter("start"), operator.attrgetter("end")
+COMM_NAMESPACES = (TP_NAMESPACE, OTHER_NAMESPACE)
+
+
+def _walk_order(host: list[Event]) -> list[list[Event]]:
+    """The host events of each thread, each range before the ranges it encloses: by
+    start, the longer first at equal starts (two stable sorts on attributes instead of
+    one on built tuples: one sort per analysis, shared by its walks)."""
     by_thread: dict[int, list[Event]] = {}
     for e in host:
         by_thread.setdefault(e.thread, []).append(e)
-    return by_thread
+    for evs in by_thread.values():
+        evs.sort(key=_END, reverse=True)  # stable: equal ranges keep the trace's order
+        evs.sort(key=_START)
+    return list(by_thread.values())
 
 
-def _is_comm(name: str) -> bool:
-    return name.startswith((TP_NAMESPACE, OTHER_NAMESPACE))
-
-
-def _nesting(events: list[Event]) -> dict[int, tuple[Event | None, bool]]:
-    """Per host event (by ``id``): its outermost enclosing collective op (itself if it is
-    one and none encloses it) and whether it runs inside autograd's backward. Ranges of
-    one thread nest; each thread is walked once with a stack."""
+def _nesting(threads: list[list[Event]]) -> dict[int, tuple[Event | None, bool]]:
+    """Per host event (by ``id``) of :func:`_walk_order`: its outermost enclosing
+    collective op (itself if it is one and none encloses it) and whether it runs inside
+    autograd's backward. Ranges of one thread nest; each thread is walked once with a
+    stack."""
     out: dict[int, tuple[Event | None, bool]] = {}
-    for evs in _threads([e for e in events if not e.device]).values():
+    for evs in threads:
         stack: list[tuple[float, Event | None, bool]] = []  # (end, owner, in_backward)
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+        for e in evs:
             while stack and stack[-1][0] <= e.start:
                 stack.pop()
             owner, in_bwd = (stack[-1][1], stack[-1][2]) if stack else (None, False)
-            if owner is None and _is_comm(e.name):
+            if owner is None and e.name.startswith(COMM_NAMESPACES):
                 owner = e
             out[id(e)] = (owner, in_bwd)
             stack.append((e.end, owner, in_bwd or e.name.startswith(BACKWARD)))
@@ -201,30 +254,48 @@ class StepEvents:
     flops: float = 0.0  # executed matmul + attention FLOPs of the step on this rank
 
 
-def collect(events: list[Event], device: bool) -> StepEvents:
+@dataclass
+class HostTree:
+    """A step's host events, walked once for :func:`collect` and :func:`summary` both:
+    per thread in :func:`_walk_order`, and each one's :func:`_nesting`."""
+
+    host: list[Event]
+    threads: list[list[Event]]
+    nest: dict[int, tuple[Event | None, bool]]
+
+
+def host_tree(events: list[Event]) -> HostTree:
+    host = [e for e in events if not e.device]
+    threads = _walk_order(host)
+    return HostTree(host, threads, _nesting(threads))
+
+
+def collect(events: list[Event], device: bool, tree: HostTree | None = None) -> StepEvents:
     """Sort a profiled step's events into :class:`StepEvents`.
 
     ``device`` (GPU): collective time from device kernels instead of host ops, and the
     backward's boundaries (``backward_starts``, ``backward``) moved to the device's side
     (:func:`_device_clock`): the host queues kernels ahead of the device, so the host's
-    first backward op starts while the forward's kernels still run."""
-    host = [e for e in events if not e.device]
+    first backward op starts while the forward's kernels still run. ``tree``:
+    :func:`host_tree` of ``events``, if made already."""
+    tree = tree or host_tree(events)
+    host, nest = tree.host, tree.nest
     step = next(e for e in host if e.name == STEP)
     windows = sorted((e.start, e.end) for e in host if e.name == WINDOW)
-    nest = _nesting(host)
     backward = [
         (e.start, e.end) for e in host if e.name.startswith(BACKWARD) and not nest[id(e)][1]
     ]
 
+    in_window = within(windows)
+
     def kind(op: Event) -> str:
         """'tp' | 'other' for an outermost collective host op."""
-        in_window = any(ws <= op.start <= we for ws, we in windows)
-        return "tp" if op.name.startswith(TP_NAMESPACE) and in_window else "other"
+        return "tp" if op.name.startswith(TP_NAMESPACE) and in_window(op.start) else "other"
 
     out = StepEvents(
         (step.start, step.end), windows, [], backward, {"forward": [], "backward": []}, [], []
     )
-    out.flops = executed_flops(host)
+    out.flops = _executed_flops(tree.threads)
     for e in host:
         owner, in_bwd = nest[id(e)]
         if owner is not e:
@@ -260,9 +331,18 @@ def collect(events: list[Event], device: bool) -> StepEvents:
                 out.other.append((k.start, k.end))
         clock = _device_clock(phase_work)
         out.backward = [(clock(s), clock(e)) for s, e in backward]
+    out.backward_starts = _first_starts(windows, out.backward)
+    return out
+
+
+def _first_starts(windows, spans) -> list[float]:
+    """Per window: the earliest start of ``spans`` inside it (ends included), else the
+    window's end. By bisection on the sorted starts, not a scan of them per window."""
+    starts = sorted(s for s, _ in spans)
+    out = []
     for ws, we in windows:
-        inside = [s for s, _ in out.backward if ws <= s <= we]
-        out.backward_starts.append(min(inside) if inside else we)
+        i = bisect.bisect_left(starts, ws)
+        out.append(starts[i] if i < len(starts) and starts[i] <= we else we)
     return out
 
 
@@ -287,12 +367,13 @@ def _device_clock(work: list[tuple[float, float]]):
 LABEL = re.compile(r"^[a-z]+/layer\d+/")
 
 
-def _walk(host: list[Event]):
-    """Per host event: (innermost collective-point label, innermost backward node)."""
+def _walk(threads: list[list[Event]]):
+    """Per host event of :func:`_walk_order`: (innermost collective-point label,
+    innermost backward node)."""
     out: dict[int, tuple[str, Event | None]] = {}
-    for evs in _threads(host).values():
+    for evs in threads:
         stack: list[tuple[float, str, Event | None]] = []
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+        for e in evs:
             while stack and stack[-1][0] <= e.start:
                 stack.pop()
             label, node = (stack[-1][1], stack[-1][2]) if stack else ("", None)
@@ -305,24 +386,30 @@ def _walk(host: list[Event]):
     return out
 
 
-def summary(events: list[Event], top: int = 12) -> str:
+def summary(events: list[Event], top: int = 12, tree: HostTree | None = None) -> str:
     """Markdown: the profiled step's TP collectives by block and collective point
     (forward in its ``LatentComm.scope``; backward named after the forward op that made
-    its autograd node), then the ``top`` host ops by self time."""
-    host = [e for e in events if not e.device]
-    nest, walk = _nesting(host), _walk(host)
-    windows = [(e.start, e.end) for e in host if e.name == WINDOW]
+    its autograd node), then the ``top`` host ops by self time. ``tree``:
+    :func:`host_tree` of ``events``, if made already."""
+    tree = tree or host_tree(events)
+    host, nest, threads = tree.host, tree.nest, tree.threads
+    walk = _walk(threads)
+    in_window = within([(e.start, e.end) for e in host if e.name == WINDOW])
     # the collective point of every forward op autograd recorded
     point_of_seq = {}
     for e in host:
+        if e.sequence_nr < 0 or e.sequence_nr in point_of_seq:
+            continue
         label, node = walk[id(e)]
-        if e.sequence_nr >= 0 and node is None and label and e.sequence_nr not in point_of_seq:
+        if node is None and label:
             point_of_seq[e.sequence_nr] = label
     rows: dict[tuple[str, str], list] = {}  # (point, phase) -> [count, volume, us, ops]
     for e in host:
         owner, in_bwd = nest[id(e)]
+        if owner is not e:  # most events: not an outermost collective
+            continue
         op = profiler_op(e.name)
-        if owner is not e or not op or not any(ws <= e.start <= we for ws, we in windows):
+        if not op or not in_window(e.start):
             continue
         label, node = walk[id(e)]
         if in_bwd and node is not None:
@@ -354,7 +441,7 @@ def summary(events: list[Event], top: int = 12) -> str:
         "| op | calls | self ms |",
         "|---|---|---|",
     ]
-    for name, (calls, us) in _self_times(host)[:top]:
+    for name, (calls, us) in _self_times(threads)[:top]:
         lines.append(f"| {name} | {calls} | {us / 1e3:.2f} |")
     return "\n".join(lines)
 
@@ -364,10 +451,11 @@ def _natural(item):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)], phase
 
 
-def _self_times(host: list[Event]) -> list[tuple[str, tuple[int, float]]]:
-    """(op, (calls, self time us)) by self time, ranges of annotations left out."""
+def _self_times(threads: list[list[Event]]) -> list[tuple[str, tuple[int, float]]]:
+    """(op, (calls, self time us)) by self time of host events in :func:`_walk_order`,
+    ranges of annotations left out."""
     totals: dict[str, list[float]] = {}
-    for evs in _threads(host).values():
+    for evs in threads:
         stack: list[list] = []  # [end, name, child time]
 
         def close(frame):
@@ -376,7 +464,7 @@ def _self_times(host: list[Event]) -> list[tuple[str, tuple[int, float]]]:
             row[0] += 1
             row[1] += (end - start) - children
 
-        for e in sorted(evs, key=lambda e: (e.start, -e.end)):
+        for e in evs:
             while stack and stack[-1][0] <= e.start:
                 close(stack.pop())
             if stack:

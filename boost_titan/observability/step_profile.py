@@ -52,6 +52,7 @@ per token of the latest profiled step.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 import torch
@@ -60,11 +61,14 @@ from boost_titan.observability.profile_events import (
     MIB,
     STEP,
     WINDOW,
+    Event,
     StepEvents,
     collect,
     from_kineto,
+    host_tree,
     length,
     minus,
+    overlap,
     summary,
 )
 
@@ -104,8 +108,7 @@ def scalars(ev: StepEvents, device: bool, interleaved: bool = False) -> dict[str
     step = (ev.step[1] - ev.step[0]) * ms
     fb = sum(w[1] - w[0] for w in ev.windows) * ms
     if interleaved:
-        inside = [(max(s, ws), min(e, we)) for s, e in ev.backward for ws, we in ev.windows]
-        backward = length([(s, e) for s, e in inside if s < e]) * ms
+        backward = overlap(ev.backward, ev.windows) * ms
         forward = fb - backward
     else:
         forward = sum(b - w[0] for w, b in zip(ev.windows, ev.backward_starts)) * ms
@@ -141,6 +144,31 @@ def console_line(step: int, s: dict[str, float]) -> str:
         f"(all-reduce-equivalent), {s['tp/comm_share_pct']:.1f}% of the step; other comm "
         f"{s['comm/other_ms']:.0f} ms; exposed comm {s['comm/exposed_ms']:.0f} ms"
     )
+
+
+def analyze(
+    raw: list[Event], device: bool, interleaved: bool = False
+) -> tuple[StepEvents, str, dict[str, float]]:
+    """What a profiled step computes from its events, once the profiler has stopped:
+    (:func:`collect`'s events, :func:`summary`, :func:`scalars`)."""
+    with _gc_paused():
+        tree = host_tree(raw)
+        events = collect(raw, device, tree)
+        return events, summary(raw, tree=tree), scalars(events, device, interleaved)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The analysis allocates a few objects per event (~10^5 in a large step) and frees
+    them all at its end: the collector's full passes over the whole process that the
+    allocations would trigger find nothing to free and cost more than the analysis."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # ---------------------------------------------------------------- the trainer's side
@@ -204,11 +232,11 @@ class StepProfiler:
             finally:
                 self._active = False
                 stop = time.perf_counter()
-        raw = from_kineto(prof)
-        events = collect(raw, device)
+        events, self.last_summary, step_scalars = analyze(
+            from_kineto(prof), device, self.interleaved
+        )
         self.flops_per_step = events.flops
-        self.last_summary = summary(raw)
-        result.update(scalars(events, device, self.interleaved))
+        result.update(step_scalars)
         result[OVERHEAD_TAG] = (time.perf_counter() - stop) * 1e3
 
     @contextlib.contextmanager

@@ -33,9 +33,11 @@ checkpoint        foreign file, a bad manifest or .metadata) while    integrity`
 ================  ==================================================  ==============================
 
 Both per-step decisions (skip this update? stop for preemption?) must be the same on
-every rank or the ranks desynchronise, so they ride in one all-reduce (MAX) of two
+every rank or the ranks desynchronise, so they ride in one all-reduce (MAX) of three
 flags per step, over the whole world: ``StepGuard.agree``. That is the only collective
-this module adds (8 bytes per step).
+this module adds (12 bytes per step), and reading its result the only host sync: the
+loss of each micro-batch is checked on the device, and the gradients through the total
+norm torchtitan's clipping computes anyway (:func:`reporting_grad_norm`).
 
 Fault injection (``BOOST_TITAN_INJECT``, comma-separated ``KIND@STEP[:rank=R]``):
 
@@ -59,7 +61,9 @@ log only (``LOG_RANK``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -205,14 +209,21 @@ class NonFiniteStepError(RuntimeError):
 
 class StepGuard:
     """Wraps the trainer's ``optimizers.step`` and ``lr_schedulers.step``: before the
-    update, every rank contributes (non-finite loss or gradient here?, SIGTERM seen
-    here?) to one MAX all-reduce; a non-finite step applies neither the optimizer nor
-    the LR scheduler (as Megatron does), then stops or is skipped per ``nan_policy``.
+    update, every rank contributes (non-finite loss here?, non-finite gradients here?,
+    SIGTERM seen here?) to one MAX all-reduce; a non-finite step applies neither the
+    optimizer nor the LR scheduler (as Megatron does), then stops or is skipped per
+    ``nan_policy``.
 
-    Gradients are checked after torchtitan's clipping: a NaN total norm makes every
-    gradient NaN; an inf one zeroes finite gradients and turns the inf ones to NaN, so
-    some rank always sees it. The loss is checked too (ranks without the last pipeline
-    stage report a finite placeholder)."""
+    Nothing here waits for the device before that all-reduce: each micro-batch's loss
+    adds to a flag on the device (:meth:`record_loss`), and the gradients are judged by
+    the total norm torchtitan's ``clip_grad_norm_`` returns (:meth:`record_grad_norm`),
+    non-finite exactly when some gradient is. That norm is reduced over the TP, FSDP and
+    PP ranks already; what only one rank's norm shows (a DDP replica's own gradients, an
+    ``inf_grad`` injection there) reaches the others through the flags' all-reduce. A
+    step whose norm was not recorded gets one norm pass of its own
+    (:meth:`_local_grads_nonfinite`). The loss is checked too: an inf loss can have
+    finite gradients (ranks without the last pipeline stage report a finite
+    placeholder)."""
 
     def __init__(
         self, trainer, policy: str, max_consecutive_skips: int, preemption: Preemption | None
@@ -221,7 +232,10 @@ class StepGuard:
         self.policy = policy
         self.max_consecutive_skips = max_consecutive_skips
         self.preemption = preemption
-        self.loss_finite = True  # this rank, this step (reset after each decision)
+        # this rank, this step (reset after each decision): on the device, never read
+        # per micro-batch
+        self._loss_nonfinite: torch.Tensor | None = None
+        self._grad_norm: torch.Tensor | None = None
         self.consecutive_skips = 0
         self.skipped_steps: list[int] = []
         self.preempt_agreed = False
@@ -232,36 +246,54 @@ class StepGuard:
         trainer.lr_schedulers.step = self._guarded_scheduler_step
 
     def record_loss(self, loss: torch.Tensor) -> None:
-        self.loss_finite &= bool(torch.isfinite(loss.detach()).all())
+        """One micro-batch's loss, or-ed into this step's flag without a host sync."""
+        nonfinite = ~torch.isfinite(_local(loss.detach())).all()
+        if self._loss_nonfinite is not None:
+            nonfinite = nonfinite | self._loss_nonfinite
+        self._loss_nonfinite = nonfinite
 
-    def _local_grads_finite(self) -> bool:
+    def record_grad_norm(self, total_norm: torch.Tensor) -> None:
+        """This step's total gradient norm, as torchtitan's ``clip_grad_norm_`` returns it."""
+        self._grad_norm = _local(total_norm.detach())
+
+    def _grads_nonfinite(self) -> torch.Tensor:
+        if self._grad_norm is not None:
+            return ~torch.isfinite(self._grad_norm)
+        return self._local_grads_nonfinite()
+
+    def _local_grads_nonfinite(self) -> torch.Tensor:
+        """Whether this rank's gradients hold a NaN or inf, as a device flag: one norm
+        pass over them, for steps whose norm torchtitan did not compute."""
         grads = [
-            g.to_local() if hasattr(g, "to_local") else g
+            _local(g)
             for g in (p.grad for m in self.trainer.model_parts for p in m.parameters())
             if g is not None
         ]
         grads = [g for g in grads if g.numel()]
         if not grads:
-            return True
-        return bool(
-            torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum())
-        )
+            return torch.zeros((), dtype=torch.bool, device=self.trainer.device)
+        return ~torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum())
 
     def agree(self) -> tuple[bool, bool]:
-        """(non-finite anywhere, SIGTERM seen anywhere), the same on every rank."""
-        flags = torch.tensor(
+        """(non-finite anywhere, SIGTERM seen anywhere), the same on every rank: the
+        step's one host sync."""
+        device = self.trainer.device
+        loss_nonfinite = self._loss_nonfinite
+        if loss_nonfinite is None:  # no micro-batch recorded: nothing to judge
+            loss_nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+        preempt = self.preemption is not None and self.preemption.requested
+        flags = torch.stack(
             [
-                not (self.loss_finite and self._local_grads_finite()),
-                self.preemption is not None and self.preemption.requested,
-            ],
-            dtype=torch.int32,
-            device=self.trainer.device,
+                loss_nonfinite.to(device=device, dtype=torch.int32),
+                self._grads_nonfinite().to(device=device, dtype=torch.int32),
+                torch.full((), int(preempt), dtype=torch.int32, device=device),
+            ]
         )
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        self.loss_finite = True
-        nonfinite, preempt = (bool(f) for f in flags.tolist())
-        return nonfinite, preempt
+        self._loss_nonfinite = self._grad_norm = None
+        loss_flag, grad_flag, preempt_flag = flags.tolist()
+        return bool(loss_flag or grad_flag), bool(preempt_flag)
 
     def _guarded_optimizer_step(self, *args, **kwargs) -> None:
         step = self.trainer.step
@@ -313,6 +345,47 @@ class StepGuard:
 
         last, failed = integrity.newest_verified(ckpt.folder)
         return last, "".join(f"; newer, failed verification: {line}" for line in failed)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a NaN or inf in any shard makes the whole non-finite,
+    and the flags' all-reduce tells the other ranks), a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# ---------------------------------------------------------------- the step's grad norm
+_norm_receiver = None  # the StepGuard of the train step in flight (:func:`grad_norms_to`)
+
+
+def reporting_grad_norm(clip_grad_norm_):
+    """torchtitan's ``clip_grad_norm_``, its total norm also handed to the
+    :class:`StepGuard` of the train step in flight, which then needs no gradient pass of
+    its own (``boost_titan.train.trainer.install`` puts it in torchtitan)."""
+    if getattr(clip_grad_norm_, "reports_grad_norm", False):
+        return clip_grad_norm_
+
+    @functools.wraps(clip_grad_norm_)
+    def clip(*args, **kwargs):
+        total_norm = clip_grad_norm_(*args, **kwargs)
+        if _norm_receiver is not None:
+            _norm_receiver.record_grad_norm(total_norm)
+        return total_norm
+
+    clip.reports_grad_norm = True
+    return clip
+
+
+@contextlib.contextmanager
+def grad_norms_to(guard: StepGuard):
+    """Inside: the norms :func:`reporting_grad_norm` sees go to ``guard``; outside (a
+    tool's own clipping, another model) to nobody, so a guard never judges a step by a
+    norm of something else."""
+    global _norm_receiver
+    previous, _norm_receiver = _norm_receiver, guard
+    try:
+        yield
+    finally:
+        _norm_receiver = previous
 
 
 # ---------------------------------------------------------------- cut-off checkpoints

@@ -17,6 +17,7 @@ import time
 
 import torch
 import torchtitan.train
+from torchtitan.distributed import utils as titan_dist_utils
 from torchtitan.tools.logging import init_logger, logger
 from torchtitan.train import Trainer
 
@@ -63,6 +64,9 @@ def install() -> None:
     # [profiling] traces named for TensorBoard's profiler plugin (Trainer.train opens it)
     torchtitan.train.maybe_enable_profiling = maybe_enable_profiling
     torchtitan.train.ensure_pp_loss_visible = _pp_loss_is_visible
+    # the train step's total gradient norm also goes to the NaN guard, which then judges
+    # the gradients without a pass over them of its own (boost_titan.train.fault)
+    titan_dist_utils.clip_grad_norm_ = fault.reporting_grad_norm(titan_dist_utils.clip_grad_norm_)
 
 
 class _NoSleep:
@@ -157,10 +161,11 @@ class BoostTrainer(Trainer):
             torch.distributed.barrier()
 
     def train_step(self, data_iterator):
-        if self.step_profiler.wants(self.step):
-            self._profiled_train_step(data_iterator)
-        else:
-            super().train_step(data_iterator)
+        with fault.grad_norms_to(self.guard):
+            if self.step_profiler.wants(self.step):
+                self._profiled_train_step(data_iterator)
+            else:
+                super().train_step(data_iterator)
         self._last_run_step = self.step
 
     def _profiled_train_step(self, data_iterator):
