@@ -98,14 +98,11 @@ def format_report(rep: dict) -> str:
 
 def main(argv: list[str] | None = None, search: bool = False) -> None:
     """``boost-titan plan``; ``search``: ``boost-titan search`` (= ``plan --search``),
-    whose usage shows the options the search reads."""
+    which takes the options the search reads, no others."""
     from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()  # before torchtitan is imported: the memory is traced here
     from boost_titan.models.flavors import MODEL_ARCH, flavors_for
-
-    def plan_only(text: str | None = None) -> str | None:
-        return argparse.SUPPRESS if search else text
 
     p = argparse.ArgumentParser(
         prog="boost-titan search" if search else "boost-titan plan",
@@ -117,21 +114,20 @@ def main(argv: list[str] | None = None, search: bool = False) -> None:
     )
     p.add_argument("--model", default="cola_llama2", choices=sorted(MODEL_ARCH))
     p.add_argument("--flavor", default="7b")
-    p.add_argument("--tp", type=int, default=4, help=plan_only())
-    p.add_argument("--batch", type=int, default=4, help=plan_only("micro-batch size"))
     p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES), help=plan_only())
-    p.add_argument("--rank", type=int, default=0, help=plan_only("override the flavor's rank"))
-    p.add_argument("--ungrouped", action="store_true", help=plan_only())
-    p.add_argument("--rmsnorm", default="online", choices=list(RMSNORM_MODES), help=plan_only())
-    p.add_argument("--json", action="store_true", help=plan_only())
-    p.add_argument(
-        "--no-memory",
-        action="store_true",
-        help=plan_only(
-            "skip the traced per-rank memory: communication and GEMMs only (seconds faster)"
-        ),
-    )
+    if not search:  # the report of one layout's plans
+        p.add_argument("--tp", type=int, default=4)
+        p.add_argument("--batch", type=int, default=4, help="micro-batch size")
+        p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+        p.add_argument("--rank", type=int, default=0, help="override the flavor's rank")
+        p.add_argument("--ungrouped", action="store_true")
+        p.add_argument("--rmsnorm", default="online", choices=list(RMSNORM_MODES))
+        p.add_argument("--json", action="store_true")
+        p.add_argument(
+            "--no-memory",
+            action="store_true",
+            help="skip the traced per-rank memory: communication and GEMMs only (seconds faster)",
+        )
     add_arguments(p, search)  # --search and its options: boost_titan.perf.search
     a = p.parse_args(argv)
     if search or a.search:
