@@ -71,8 +71,11 @@ def test_cpu_mfu_and_hfu_stay_at_most_100_percent(caplog):
     assert 99 < row[HFU_TAG] <= 100  # executed FLOPs: the achieved rate itself
     assert 79 < row["mfu(%)"] <= 80  # the model's FLOPs: 1e6 / 1.25e6 of it
     assert row[HFU_TAG] / row["mfu(%)"] == pytest.approx(1.25, rel=1e-3)
-    (warning,) = [r.getMessage() for r in caplog.records if "CPU peak" in r.getMessage()]
-    assert "above the CPU peak estimate 3.700e+11 (measured fp32 matmul)" in warning
+    (warning,) = [r for r in caplog.records if "CPU peak" in r.getMessage()]
+    assert warning.levelname == "WARNING"
+    assert "achieved at step 7, above the CPU peak estimate 3.700e+11 (measured fp32 matmul)" in (
+        warning.getMessage()
+    )
 
     # a slower window: the raised peak stays, MFU is the rate against it (no new warning)
     caplog.clear()
@@ -81,6 +84,11 @@ def test_cpu_mfu_and_hfu_stay_at_most_100_percent(caplog):
         row = _log_window(p, 1.0, 1_000_000)
     assert p.gpu_peak_flops == peak and not caplog.records
     assert row["mfu(%)"] == pytest.approx(100 * 0.5e12 / peak, rel=1e-2)
+    # a faster one raises it again, said in one info line
+    with caplog.at_level(logging.INFO):
+        row = _log_window(p, 1.0, 4_000_000)
+    assert 99 < row[HFU_TAG] <= 100 and p.gpu_peak_flops > 2 * peak
+    assert [r.levelname for r in caplog.records if "CPU peak" in r.getMessage()] == ["INFO"]
 
 
 def test_a_datasheet_peak_is_not_raised():

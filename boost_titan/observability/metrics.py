@@ -61,6 +61,7 @@ class BoostMetricsProcessor(MetricsProcessor):
     executed_flops_per_token: float | None = None  # set by the trainer's profiled steps
     # None: gpu_peak_flops is a datasheet figure; else what the CPU estimate is (cpu_peak)
     cpu_peak_source: str | None = None
+    _cpu_peak_raised = False
 
     def __init__(self, job_config, parallel_dims, tag=None):
         # torchtitan names the run folder datetime.now().strftime("%Y%m%d-%H%M")
@@ -107,13 +108,18 @@ class BoostMetricsProcessor(MetricsProcessor):
         longer, so at most 100%."""
         achieved = self.achieved_flops()
         peak = cpu_peak(self.gpu_peak_flops, achieved)
-        if peak > self.gpu_peak_flops:
+        if peak == self.gpu_peak_flops:
+            return
+        said = f"{achieved:.3e} FLOP/s per device achieved at step {step}"
+        if self._cpu_peak_raised:  # the warning said it once
+            logger.info(f"CPU peak for MFU raised to {said}")
+        else:
             logger.warning(
-                f"step {step}: {achieved:.3e} FLOP/s per device achieved, above the CPU peak "
-                f"estimate {self.gpu_peak_flops:.3e} ({self.cpu_peak_source}); MFU's peak "
-                "is now this rate (a CPU's peak: the highest rate seen in this run)"
+                f"{said}, above the CPU peak estimate {self.gpu_peak_flops:.3e} "
+                f"({self.cpu_peak_source}); MFU's peak is now the highest rate the run "
+                "achieves (a CPU's peak: the highest rate seen)"
             )
-            self.gpu_peak_flops = peak
+        self.gpu_peak_flops, self.cpu_peak_source, self._cpu_peak_raised = peak, said, True
 
     def _hfu(self) -> float:
         """torchtitan's MFU formula (same tokens, same time window) on executed FLOPs."""
