@@ -522,7 +522,7 @@ def check_gpu_check_smoke(out) -> None:
     runs = res["throughput"]["runs"]
     assert set(runs) == {"cola eager", "cola compiled", "dense eager", "dense compiled"}
     for name, r in runs.items():
-        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["first_step_s"] > 0, name
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] <= 1 and r["first_step_s"] > 0, name
     assert len(res["memory"]["peak_mem_mib"]) == 12
     assert all(m >= 0 for m in res["memory"]["peak_mem_mib"].values())
     # the trainer: 4 compiled steps, step 3's injected NaN skipped, steps 2 and 4 profiled

@@ -253,18 +253,19 @@ def test_llama2_dcp_converts_to_svd_and_trains_with_loro(corpus_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------- refusals
-def _refused(argv: list[str], capsys, tmp_path: Path, *needles: str, rc: int = 1) -> None:
+def _refused(
+    argv: list[str], capsys, tmp_path: Path, *needles: str, rc: int = 1, main=cli.main
+) -> None:
     before = sorted(p.name for p in tmp_path.iterdir())
     try:
-        got = cli.main(argv)
+        got = main(argv)
     except SystemExit as e:  # argparse's usage errors
         got = e.code
     err = capsys.readouterr().err
     lines = [l for l in err.splitlines() if l.strip() and not l.startswith("note:")]
     assert got == rc, err
-    assert "Traceback" not in err and lines and all(n in lines[-1] for n in needles), err
-    if rc == 1:
-        assert len(lines) == 1, err
+    assert "Traceback" not in err and len(lines) == 1, err  # no usage dump before it
+    assert all(n in lines[0] for n in needles), err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
@@ -285,8 +286,14 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(hf_llama, tmp_path, capsy
     existing.mkdir()
     refused(["--from", str(gpt)], "is not a Hugging Face LLaMA folder", "model_type 'gpt2'")
     refused(["--from", str(no_weights)], "has no weights")
-    refused(["--from", str(tmp_path / "nowhere")], "does not exist")
+    nowhere = str(tmp_path / "nowhere")
+    refused(["--from", nowhere], f"--from {nowhere!r} does not exist")
     refused(["--from", str(hf_llama), "--rank", "300"], "rank", "300")
+    refused(["--from", str(hf_llama), "--rank", "0"], "--rank 0: a rank is a positive integer",
+            "leave --rank out for the flavor's", rc=2)  # fmt: skip
+    refused(["--from", str(hf_llama), "--kv-rank", "-3"], "--kv-rank -3: a rank is a positive",
+            rc=2)  # fmt: skip
+    refused([], "the following arguments are required: --from", rc=2)
     refused(["--from", str(hf_llama), "--tp", "3"], "tensor_parallel_degree 3 does not divide")
     refused(["--from", str(hf_llama), "--tp", "2", "--rank", "63", "--boost.tp_plan", "vanilla"],
             "tensor_parallel_degree 2 does not divide rank of wq=63")  # fmt: skip
@@ -298,6 +305,53 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(hf_llama, tmp_path, capsy
     refused(["--from", str(hf_llama), "--fit", "activations", "--calib-sequences", "0"],
             "needs calibration", rc=2)  # fmt: skip
     _refused([*cfg, "--from", str(hf_llama), "--to", str(existing)], capsys, tmp_path, "exists")
+
+
+def _damaged_safetensors(folder: Path) -> dict[str, Path]:
+    """Small safetensors files cut short, with a header length of 2^60, with a tensor's
+    offsets past the end of the file."""
+    import struct
+
+    from safetensors.torch import save_file
+
+    good = folder / "good.safetensors"
+    save_file({"a": torch.ones(4, 4), "b": torch.zeros(8)}, str(good), metadata={"format": "pt"})
+    data = good.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + n])
+    header["b"]["data_offsets"] = [64, 64 + 10**6]
+    moved = json.dumps(header).encode()
+    files = {
+        "cut short": data[: len(data) - 10],
+        "header length 2^60": struct.pack("<Q", 2**60) + data[8:],
+        "offsets past the end": struct.pack("<Q", len(moved)) + moved + data[8 + n :],
+    }
+    out = {}
+    for i, (what, content) in enumerate(files.items()):
+        out[what] = folder / f"damaged{i}.safetensors"
+        out[what].write_bytes(content)
+    return out
+
+
+def test_a_damaged_safetensors_file_is_one_line(hf_llama, tmp_path, capsys):
+    """from-dense (a Hugging Face folder's model.safetensors) and ``checkpoint import``
+    (the file itself) name the file, its size and what is wrong: no traceback."""
+    from boost_titan.cli import checkpoint
+
+    files = tmp_path / "files"
+    files.mkdir()
+    cfg = ["--job.config_file", str(CONFIGS / "debug_svd.toml")]
+    for damaged in _damaged_safetensors(files).values():
+        folder = tmp_path / f"hf_{damaged.stem}"
+        folder.mkdir()
+        (folder / "config.json").write_bytes((hf_llama / "config.json").read_bytes())
+        (folder / "model.safetensors").write_bytes(damaged.read_bytes())
+        size = f"({damaged.stat().st_size:,} bytes) is not a readable safetensors file"
+        _refused([*cfg, "--no-progress", "--from", str(folder), "--to", str(tmp_path / "out")],
+                 capsys, tmp_path, f"{str(folder / 'model.safetensors')!r} {size}")  # fmt: skip
+        _refused(["import", *cfg, "--from", str(damaged), "--to", str(tmp_path / "out")],
+                 capsys, tmp_path, f"boost-titan checkpoint import: error: {str(damaged)!r} {size}",
+                 main=checkpoint.main)  # fmt: skip
 
 
 def test_refusal_through_the_module_entry_point(hf_llama, tmp_path):

@@ -8,7 +8,8 @@
                    through it before anything is read, every item checked; ``verify``
     safe_metadata  DCP's pickles read with allowlists: loading runs no code
     data_position  the data loader's position in a step, checked before DCP reads it
-    files          files and folders that appear whole or not at all
+    files          files and folders that appear whole or not at all; safetensors files
+                   read with damage said in one line
     export         a step's model weights to one safetensors file and back
     hf/            Hugging Face layouts, folders, torchtitan's adapters
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from boost_titan.checkpoint.files import new_tmp
+from boost_titan.checkpoint.files import new_tmp, open_safetensors
 
 FORMAT = "boost_titan/1"
 
@@ -185,7 +185,6 @@ def export_safetensors(
 
 
 def import_safetensors(job_config, path: str, out_dir: str) -> Path:
-    from safetensors import safe_open
 
     src = Path(path)
     if not src.is_file():
@@ -194,7 +193,7 @@ def import_safetensors(job_config, path: str, out_dir: str) -> Path:
     if out.exists():
         raise FileExistsError(f"{out_dir!r} exists; import writes a new checkpoint folder")
     args, model = model_for(job_config)
-    with safe_open(str(src), framework="pt") as f:
+    with open_safetensors(src) as f:
         meta = f.metadata() or {}
         if meta.get("format") != FORMAT:
             raise ValueError(

@@ -42,6 +42,7 @@ from boost_titan.checkpoint.from_dense.convert import Converter, Options
 from boost_titan.checkpoint.from_dense.report import Progress, tables
 from boost_titan.checkpoint.from_dense.source import open_source
 from boost_titan.checkpoint.from_dense.stream import write_lazily
+from boost_titan.cli.args import Parser
 from boost_titan.data.calibration import RANDOM, calibration_tokens
 from boost_titan.models.args import LlamaArgs
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
@@ -53,17 +54,31 @@ _SVD_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 _SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "vocab_size", "rope_theta")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    p = Parser(
         prog=PROG,
+        usage="%(prog)s --job.config_file CONFIG --from DENSE --to STEP [options] "
+        "[--section.key VALUE ...]",
         description="Convert a dense LLaMA (Hugging Face folder or llama2 DCP step) into a "
-        "low-rank model's DCP step folder. Other arguments (--job.config_file, --model.*, "
-        "--boost.*) define the low-rank model, as for import.",
+        "low-rank model's DCP step folder. The config (--job.config_file and any --model.* / "
+        "--boost.* override) defines the low-rank model, as for import.",
     )
-    p.add_argument("--from", dest="src", required=True, help="HF LLaMA folder or DCP step")
-    p.add_argument("--to", dest="dst", required=True, help="new DCP step folder")
-    p.add_argument("--rank", type=int, help="= --boost.rank (default: the flavor's)")
-    p.add_argument("--kv-rank", type=int, help="= --boost.kv_rank (GQA k/v rank)")
+    p.add_argument(
+        "--job.config_file", dest="config_file", metavar="CONFIG",
+        required=True, help="the low-rank model's training config (TOML), required",
+    )  # fmt: skip
+    p.add_argument(
+        "--from", dest="src", metavar="DENSE", required=True, help="HF LLaMA folder or DCP step"
+    )
+    p.add_argument("--to", dest="dst", metavar="STEP", required=True, help="new DCP step folder")
+    p.add_argument(
+        "--rank", type=int, help="= --boost.rank: the factors' rank, 1 to min(in, out) of "
+        "each projection (default: the flavor's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-rank", type=int, help="= --boost.kv_rank: the GQA k/v projections' rank, "
+        "1 to min(in, out) (default: the flavor's)",
+    )  # fmt: skip
     p.add_argument(
         "--tp", type=int, help="tensor-parallel degree to check the model against "
         "(default: the config's [parallelism] tensor_parallel_degree)",
@@ -99,8 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_options(p: argparse.ArgumentParser, o: argparse.Namespace) -> None:
+    for flag, value in (("--rank", o.rank), ("--kv-rank", o.kv_rank)):
+        if value is not None and value < 1:  # --boost.rank 0 means the flavor's: not here
+            p.error(
+                f"{flag} {value}: a rank is a positive integer, at most min(in, out) of a "
+                f"projection; leave {flag} out for the flavor's"
+            )
     for flag, value, low in (
-        ("--rank", o.rank, 1), ("--kv-rank", o.kv_rank, 1), ("--tp", o.tp, 1),
+        ("--tp", o.tp, 1),
         ("--fit-steps", o.fit_steps, 0), ("--calib-sequences", o.calib_sequences, 0),
         ("--calib-seq-len", o.calib_seq_len, 1), ("--heldout", o.heldout, 0),
         ("--threads", o.threads, 1),
@@ -190,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     o, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     _check_options(p, o)
+    rest = ["--job.config_file", o.config_file, *rest]
     if o.rank:
         rest += ["--boost.rank", str(o.rank)]
     if o.kv_rank:

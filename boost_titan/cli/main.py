@@ -1,6 +1,6 @@
 """``boost-titan``: one command for every tool besides training (which ``run_train.sh``
-launches). Each subcommand is the ``main(argv)`` of the module that owns the tool; this
-table is the only place that names them::
+launches). Each subcommand is the ``main(argv)`` (or another ``entry``) of the module that owns the
+tool; this table is the only place that names them::
 
     boost-titan --help
     boost-titan <command> --help
@@ -20,7 +20,7 @@ from typing import NamedTuple
 class Command(NamedTuple):
     module: str  # whose main(argv) runs
     summary: str
-    prefix: tuple[str, ...] = ()  # arguments put before the user's
+    entry: str = "main"  # the module's function that runs it: entry(argv)
 
 
 # name -> what runs, grouped as --help lists them
@@ -53,7 +53,7 @@ COMMANDS: dict[str, Command] = {
     "search": Command(
         "boost_titan.perf.plan_cli",
         "the fastest layout that fits N GPUs (= plan --search); --write writes the recipe",
-        ("--search",),
+        "search_main",
     ),
     "step-time": Command(
         "boost_titan.perf.step_time_cli",
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu_runtime.activate()  # before any command's module imports torchtitan
     cmd = COMMANDS[name]
-    code = importlib.import_module(cmd.module).main([*cmd.prefix, *rest])
+    code = getattr(importlib.import_module(cmd.module), cmd.entry)(rest)
     return code or 0
 
 

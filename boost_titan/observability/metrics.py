@@ -9,6 +9,9 @@ one per validation), the other ranks contributing zeros, so the result is the la
 stage's value exactly. The gradient norm needs nothing: ``clip_grad_norm_`` already
 reduces it over the PP mesh.
 
+On CPU, MFU's peak is no datasheet figure but an estimate (:func:`cpu_peak`), kept an
+upper bound of every rate the run logs, so no MFU or HFU above 100% is printed.
+
 It adds the HFU (``throughput/hfu_pct``) beside torchtitan's ``mfu(%)`` once the
 trainer has counted the executed FLOPs (:mod:`boost_titan.observability.step_profile`),
 writes the BOOST
@@ -32,14 +35,33 @@ import torchtitan.components.metrics as titan_metrics
 from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
 
 from boost_titan.observability.step_profile import HFU_TAG
+
+
+def cpu_peak(estimate: float, achieved: float) -> float:
+    """A CPU's peak FLOP/s, MFU's base: the highest rate seen in this process.
+
+    A GPU has a datasheet peak that no kernel exceeds; a CPU has none that torch can look
+    up. Its peak is taken to be the best rate observed: the start-up estimate (the best
+    fp32 matmul of a short measurement, or ``[boost] cpu_peak_flops`` / the
+    ``BOOST_CPU_PEAK_FLOPS`` environment variable), raised to any achieved rate above it.
+    The start-up measurement is only a lower bound of the machine's peak: on a machine
+    busy with other jobs (or the run's other ranks starting) it catches a slow moment,
+    and a bf16 or fused kernel can outrun an fp32 matmul; MFU against it read 259-271%.
+    With the raise, MFU and HFU are at most 100%, and 100% means "as fast as anything
+    measured here", not the hardware's limit."""
+    return max(estimate, achieved)
 
 
 class BoostMetricsProcessor(MetricsProcessor):
     _pp_mesh: DeviceMesh | None = None
     _has_last_stage = True
     executed_flops_per_token: float | None = None  # set by the trainer's profiled steps
+    # None: gpu_peak_flops is a datasheet figure; else what the CPU estimate is (cpu_peak)
+    cpu_peak_source: str | None = None
+    _cpu_peak_raised = False
 
     def __init__(self, job_config, parallel_dims, tag=None):
         # torchtitan names the run folder datetime.now().strftime("%Y%m%d-%H%M")
@@ -67,9 +89,37 @@ class BoostMetricsProcessor(MetricsProcessor):
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         global_avg_loss, global_max_loss = self._last_stage(global_avg_loss, global_max_loss)
+        if self.cpu_peak_source is not None:
+            self._keep_cpu_peak_an_upper_bound(step)
         if self.executed_flops_per_token is not None:
             extra_metrics = {**(extra_metrics or {}), HFU_TAG: self._hfu()}
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
+
+    def achieved_flops(self) -> float:
+        """FLOP/s per device since the last log, on MFU's footing (torchtitan's tokens
+        and time window): the model's FLOPs, or the executed ones where counted, the
+        larger."""
+        elapsed = time.perf_counter() - self.time_last_log
+        tps = self.ntokens_since_last_log / (elapsed * self.parallel_dims.non_data_parallel_size)
+        return tps * max(self.num_flops_per_token, self.executed_flops_per_token or 0.0)
+
+    def _keep_cpu_peak_an_upper_bound(self, step: int) -> None:
+        """:func:`cpu_peak`. MFU and HFU are computed after this, over a window a little
+        longer, so at most 100%."""
+        achieved = self.achieved_flops()
+        peak = cpu_peak(self.gpu_peak_flops, achieved)
+        if peak == self.gpu_peak_flops:
+            return
+        said = f"{achieved:.3e} FLOP/s per device achieved at step {step}"
+        if self._cpu_peak_raised:  # the warning said it once
+            logger.info(f"CPU peak for MFU raised to {said}")
+        else:
+            logger.warning(
+                f"{said}, above the CPU peak estimate {self.gpu_peak_flops:.3e} "
+                f"({self.cpu_peak_source}); MFU's peak is now the highest rate the run "
+                "achieves (a CPU's peak: the highest rate seen)"
+            )
+        self.gpu_peak_flops, self.cpu_peak_source, self._cpu_peak_raised = peak, said, True
 
     def _hfu(self) -> float:
         """torchtitan's MFU formula (same tokens, same time window) on executed FLOPs."""

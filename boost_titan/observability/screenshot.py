@@ -220,7 +220,9 @@ def screenshot(logdir: str, out: str, page: str, width: int, settle_s: float) ->
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="boost-titan screenshot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--logdir", required=True, help="a run's tb/ folder (or any log dir)")
     p.add_argument("--out", default="docs/dashboard.png")

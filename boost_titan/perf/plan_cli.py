@@ -96,35 +96,41 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, search: bool = False) -> None:
+    """``boost-titan plan``; ``search``: ``boost-titan search`` (= ``plan --search``),
+    which takes the options the search reads, no others."""
     from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()  # before torchtitan is imported: the memory is traced here
     from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 
     p = argparse.ArgumentParser(
-        prog="boost-titan plan",
-        description=__doc__,
+        prog="boost-titan search" if search else "boost-titan plan",
+        description="The fastest layout of a model that fits --gpus GPUs (boost-titan plan "
+        "--search); --write writes it as a recipe."
+        if search
+        else __doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="cola_llama2", choices=sorted(MODEL_ARCH))
     p.add_argument("--flavor", default="7b")
-    p.add_argument("--tp", type=int, default=4)
-    p.add_argument("--batch", type=int, default=4, help="micro-batch size")
     p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
-    p.add_argument("--rank", type=int, default=0, help="override the flavor's rank")
-    p.add_argument("--ungrouped", action="store_true")
-    p.add_argument("--rmsnorm", default="online", choices=list(RMSNORM_MODES))
-    p.add_argument("--json", action="store_true")
-    p.add_argument(
-        "--no-memory",
-        action="store_true",
-        help="skip the traced per-rank memory: communication and GEMMs only (seconds faster)",
-    )
-    add_arguments(p)  # --search and its options: boost_titan.perf.search
+    if not search:  # the report of one layout's plans
+        p.add_argument("--tp", type=int, default=4)
+        p.add_argument("--batch", type=int, default=4, help="micro-batch size")
+        p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+        p.add_argument("--rank", type=int, default=0, help="override the flavor's rank")
+        p.add_argument("--ungrouped", action="store_true")
+        p.add_argument("--rmsnorm", default="online", choices=list(RMSNORM_MODES))
+        p.add_argument("--json", action="store_true")
+        p.add_argument(
+            "--no-memory",
+            action="store_true",
+            help="skip the traced per-rank memory: communication and GEMMs only (seconds faster)",
+        )
+    add_arguments(p, search)  # --search and its options: boost_titan.perf.search
     a = p.parse_args(argv)
-    if a.search:
+    if search or a.search:
         raise SystemExit(run_search(a))
     table = flavors_for(MODEL_ARCH[a.model])
     if a.flavor not in table:
@@ -145,3 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         trace_in_process=True,
     )
     print(json.dumps(rep, indent=2) if a.json else format_report(rep))
+
+
+def search_main(argv: list[str] | None = None) -> None:
+    """``boost-titan search``."""
+    main(argv, search=True)

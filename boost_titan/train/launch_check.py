@@ -58,12 +58,32 @@ def parse_or_exit(argv: list[str]):
         raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
+USAGE = (
+    "usage: boost-titan check-config WORLD_SIZE --job.config_file CONFIG [--section.key VALUE ...]"
+)
+HELP = f"""{USAGE}
+
+Check a training config for a launch of WORLD_SIZE processes, as run_train.sh does before
+torchrun starts: every check a rank makes before it builds anything, in one process.
+
+  WORLD_SIZE               the launch's process count (NGPU x NNODES), a positive integer
+  --job.config_file CONFIG the training config (TOML), required
+  --section.key VALUE      overrides, as the ranks will get them
+
+A good config prints nothing and exits 0; a bad one prints one line (the key, the value,
+what is valid) and exits {CONFIG_ERROR_EXIT}."""
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(HELP)
+        raise SystemExit(0)
     if not argv or not argv[0].isdigit() or int(argv[0]) < 1:
+        got = f"got {argv[0]!r}" if argv else "none given"
         print(
-            "usage: boost-titan check-config WORLD_SIZE --job.config_file X.toml "
-            f"[overrides...] (WORLD_SIZE: a positive process count, got {argv[:1]})",
+            f"boost-titan check-config: error: WORLD_SIZE must come first, a positive process "
+            f"count ({got}); {USAGE}",
             file=sys.stderr,
         )
         raise SystemExit(CONFIG_ERROR_EXIT)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from boost_titan.checkpoint.files import open_safetensors
 from boost_titan.checkpoint.hf import HFFormatError
 from boost_titan.checkpoint.hf.llama_format import LLAMA
 from boost_titan.models.args import LlamaArgs
@@ -130,9 +131,7 @@ class HFSource(DenseSource):
                 k: folder / f for k, f in weight_map.items() if not k.endswith(_IGNORED_SUFFIXES)
             }
         if (folder / SINGLE_FILE).is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(folder / SINGLE_FILE), framework="pt") as f:
+            with open_safetensors(folder / SINGLE_FILE) as f:
                 names = list(f.keys())
             return {k: folder / SINGLE_FILE for k in names if not k.endswith(_IGNORED_SUFFIXES)}
         bins = sorted(p.name for p in folder.glob("*.bin"))
@@ -145,14 +144,12 @@ class HFSource(DenseSource):
         raise SourceError(f"{self.where} has no weights ({SINGLE_FILE} or {INDEX_FILE}){hint}")
 
     def _stored_shapes(self) -> dict[str, tuple[int, ...]]:
-        from safetensors import safe_open
-
         shapes = {}
         by_file: dict[Path, list[str]] = {}
         for name, path in self.files.items():
             by_file.setdefault(path, []).append(name)
         for path, names in by_file.items():
-            with safe_open(str(path), framework="pt") as f:
+            with open_safetensors(path) as f:
                 keys = set(f.keys())
                 for name in names:
                     if name not in keys:
@@ -161,14 +158,12 @@ class HFSource(DenseSource):
         return shapes
 
     def tensors(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        from safetensors import safe_open
-
         out = {}
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(self.files[self.entries[name].hf], []).append(name)
         for path, group in by_file.items():
-            with safe_open(str(path), framework="pt") as f:
+            with open_safetensors(path) as f:
                 for name in group:
                     e = self.entries[name]
                     out[name] = e.from_hf(f.get_tensor(e.hf)).contiguous()
@@ -234,7 +229,10 @@ def open_source(path: str | Path, dcp_args: LlamaArgs) -> DenseSource:
     step folder (.metadata; its shapes are ``dcp_args``', the config's flavor as llama2)."""
     folder = Path(path)
     if not folder.exists():
-        raise SourceError(f"{str(folder)!r} does not exist")
+        raise SourceError(
+            f"--from {str(folder)!r} does not exist: from-dense reads a Hugging Face LLaMA "
+            "folder (config.json + safetensors) or a llama2 DCP step folder"
+        )
     if not folder.is_dir():
         raise SourceError(
             f"{str(folder)!r} is a file: from-dense reads a Hugging Face LLaMA folder "

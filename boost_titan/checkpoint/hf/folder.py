@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from boost_titan.checkpoint.files import load_safetensors
 from boost_titan.checkpoint.hf import FORMATS, HFFormat, HFFormatError
 from boost_titan.models.args import LlamaArgs, _check_tokenizer_vocab
 
@@ -323,8 +324,6 @@ def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
 def read_hf_tensors(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's weights (one file, or the shards its index names),
     by Hugging Face name, as stored."""
-    from safetensors.torch import load_file
-
     path = Path(folder)
     if (path / INDEX_FILE).is_file():
         weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
@@ -334,7 +333,7 @@ def read_hf_tensors(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
             raise HFFormatError(f"{str(path)!r}: {INDEX_FILE} names missing shards {absent}")
         state: dict[str, torch.Tensor] = {}
         for file in files:
-            shard = load_file(str(path / file))
+            shard = load_safetensors(path / file)
             stray = sorted(k for k in shard if weight_map.get(k) != file)
             if stray:
                 raise HFFormatError(
@@ -348,7 +347,7 @@ def read_hf_tensors(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
             )
         return state
     if (path / SINGLE_FILE).is_file():
-        return load_file(str(path / SINGLE_FILE))
+        return load_safetensors(path / SINGLE_FILE)
     raise HFFormatError(f"{str(path)!r} has no weights ({SINGLE_FILE} or {INDEX_FILE})")
 
 

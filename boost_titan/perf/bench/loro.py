@@ -289,7 +289,11 @@ def report_pair(res: dict) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="boost-titan bench-loro",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")

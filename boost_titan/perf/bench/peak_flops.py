@@ -17,7 +17,9 @@ from boost_titan.parallel.cpu_runtime import measure_matmul_peak_flops
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="boost-titan peak-flops",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--n", type=int, default=1024, help="square matmul size")

@@ -165,9 +165,11 @@ def format_results(cands: list[Candidate], hw: GPU, gpus: int) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p) -> None:
-    g = p.add_argument_group("layout search (--search)")
-    g.add_argument("--search", action="store_true", help="search the fastest layout that fits")
+def add_arguments(p, search: bool = False) -> None:
+    """The search's options; ``search``: for ``boost-titan search`` (no --search flag)."""
+    g = p.add_argument_group("layout search" if search else "layout search (--search)")
+    if not search:
+        g.add_argument("--search", action="store_true", help="search the fastest layout that fits")
     g.add_argument("--gpus", type=int, default=8)
     g.add_argument("--gpu", default="h100-80", help="a GPU of boost_titan.perf.hardware")
     g.add_argument("--gpu-file", help="a custom GPU (TOML; keys in boost_titan.perf.hardware)")
