@@ -35,7 +35,7 @@ SHOWS = {
     "dryrun": ["--config CONFIG", "--ngpu NGPU"],
     "screenshot": ["--logdir LOGDIR"],
     "peak-flops": ["{float32,bfloat16}"],
-    "data": ["{build,info,tokenizer}"],
+    "data": ["{build,info,tokenizer,tokenize,seal}"],
 }
 
 

@@ -153,6 +153,10 @@ README_COMMANDS = {
     ".venv/bin/boost-titan data build --vocab-size": "excused: a second "
     "corpus copy and tokenizer no test needs (18 s); the 8192-token build is .ci/run's `make data` "
     "(tests/test_corpus.py::test_manifest_layout checks it)",
+    ".venv/bin/boost-titan data tokenize ": "the same command in-process on a generated "
+    "corpus: tests/test_tokenized_data.py::test_the_cli_tokenizes_and_refuses_in_one_line",
+    ".venv/bin/boost-titan data seal": "seal() on files megatron-core wrote: "
+    "tests/test_tokenized_data.py::test_megatron_reads_ours_and_we_read_megatrons",
     ".venv/bin/boost-titan data tokenizer": "the same command in-process on a "
     "generated corpus: tests/test_data_tokenizer.py::test_folder_specials_round_trip; its "
     "folder trains: tests/test_data_tokenizer.py::test_short_training_run",
