@@ -247,7 +247,7 @@ def _take(it, n: int) -> list:
     return [next(it)[1].tolist() for _ in range(n)]
 
 
-def _training_loader(corpus, cache: Path, world=1):
+def _training_loader(corpus, cache: Path, world=1, tokenizer=TOKENIZER):
     """The training loader of rank 0 of ``world`` over ``corpus`` (tokenized into
     ``cache``), local batch 2, windows of 17 tokens."""
     from fractions import Fraction
@@ -256,7 +256,7 @@ def _training_loader(corpus, cache: Path, world=1):
     from boost_titan.data.text_sources import FileText
     from boost_titan.data.window_loader import WindowLoader
 
-    tokenized = ensure(FileText(corpus), TOKENIZER, str(cache), quiet=True)
+    tokenized = ensure(FileText(corpus), str(tokenizer), str(cache), quiet=True)
     return WindowLoader("local_text", [tokenized], [Fraction(1)], seq_len=16,
                         local_batch_size=2, dp_rank=0, dp_world_size=world)  # fmt: skip
 
@@ -323,6 +323,16 @@ def test_resume_over_changed_files_is_refused_in_one_line(tmp_path):
         lambda f: (f / "p1.jsonl").rename(f / "q1.jsonl")  # another name: other files
     )
     assert "documents 12 -> 8" in changed(lambda f: 3)  # dataset_holdout_every 3
+    # the same files with another tokenizer ([model] hf_assets_path swapped): refused
+    from boost_titan.data.tokenizer import train_tokenizer, write_tokenizer
+
+    other = tmp_path / "other_tokenizer"
+    write_tokenizer(train_tokenizer(_docs(7, 40), 600), other)
+    swapped = _training_loader(corpus, cache, tokenizer=other)
+    with pytest.raises(DataResumeError) as e:
+        swapped.load_state_dict(pickle.loads(pickle.dumps(state)))
+    before, after = tokenized.tokenizer["digest"], swapped.corpora[0].tokenizer["digest"]
+    assert f"(tokenizer {before!r} -> {after!r}, tokens 203 -> " in str(e.value), str(e.value)
 
 
 def test_holdout_files_are_disjoint_from_training(tmp_path):

@@ -25,6 +25,7 @@ it reads.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from fractions import Fraction
 
@@ -101,11 +102,14 @@ def raw_source(job_config, section: str):
     if s.dataset == TOKENIZED:
         return TOKENIZED
     root = cache_root(t.dataset_cache)
-    if s.dataset in EMBEDDED and not s.dataset_path:
+    if s.dataset in EMBEDDED:
+        from boost_titan.data.datasets import _BUILD_HINT
+
         corpus_dir = default_corpus_dir()
-        return SavedText(str(corpus_dir / EMBEDDED[s.dataset]), "text"), str(
-            corpus_dir / "tokenized"
-        )
+        path = s.dataset_path or str(corpus_dir / EMBEDDED[s.dataset])
+        if not os.path.isdir(path):
+            raise CorpusError(f"corpus split not found at {path!r}; {_BUILD_HINT}")
+        return SavedText(path, "text"), str(corpus_dir / "tokenized")
     if s.dataset in LOCAL_DATASETS:
         corpus = corpus_for(job_config, section)
         if corpus.streamed:

@@ -54,7 +54,6 @@ def _check_files(config, dp_degree: int = 1) -> None:
         [("validation", config.validation)] if config.validation.enable else []
     )
     _check_local_corpora(config, sections, dp_degree)
-    _check_tokenized(config, sections, dp_degree)
     for section, s in sections:
         if s.dataset in LOCAL_DATASETS or s.dataset == TOKENIZED:
             continue  # checked above
@@ -91,6 +90,7 @@ def _check_files(config, dp_degree: int = 1) -> None:
                 f"'boost_corpus' or 'local_text' with dataset_path",
                 ConfigPathError,
             )
+    _check_tokenized(config, sections, dp_degree)
 
 
 TOKENIZED = "tokenized"
@@ -123,7 +123,9 @@ def _check_tokenized(config, sections, dp_degree: int) -> None:
             _, corpora = resolve(config, section)
             check_tokenizer(corpora, config.model.hf_assets_path, s.dataset)
         except (CorpusError, BlendError) as e:
-            raise bad(section, key, value, f"({s.dataset}): {e}") from None
+            missing = "does not exist" in str(e) or "not found" in str(e)
+            cls = ConfigPathError if missing else ConfigError
+            raise bad(section, key, value, f"({s.dataset}): {e}", cls) from None
         window = s.seq_len + 1
         for c in corpora:
             if c.windows(window) == 0:
