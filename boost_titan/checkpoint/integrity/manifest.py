@@ -33,8 +33,8 @@ from boost_titan.checkpoint.integrity.blocks import (
     ALGORITHM,
     BLOCK,
     ChecksumMismatch,
+    block_count,
     digest,
-    segment_blocks,
 )
 
 SEAL = "boost_titan.seal/1"
@@ -110,6 +110,27 @@ def _nonneg(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62
 
 
+def _text(x) -> bool:
+    """A name the manifest may hold: a string that is valid UTF-8 (a lone surrogate,
+    which JSON can spell, cannot name a file nor be written to a log)."""
+    if not isinstance(x, str):
+        return False
+    try:
+        x.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json(data: bytes):
+    """JSON's value, or None for bytes that are not JSON (a nesting too deep for the
+    parser, 200k ``[`` say, is not JSON a save writes either)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _hex_digests(text, blocks: int) -> bytes | None:
     """``blocks`` digests from their hex, or None if malformed."""
     if not isinstance(text, str) or len(text) != 16 * blocks:
@@ -128,16 +149,21 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
         return ChecksumMismatch(f"checkpoint {folder} is corrupted: its {NAME} {why}{tail}")
 
     head_line, sep, rest = data.partition(b"\n")
+    head = _json(head_line)
     try:
-        head = json.loads(head_line)
-        nbytes, expected, seal = int(head["bytes"]), head["digest"], head["seal"]
+        nbytes, expected, seal = head["bytes"], head["digest"], head["seal"]
         algorithm = head["algorithm"]
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise bad("does not start with the header line a save writes") from None
+    if not _nonneg(nbytes) or not re.fullmatch(r"[0-9a-f]{16}", str(expected)):
+        raise bad(
+            f"header's bytes {str(nbytes)[:40]} and digest {str(expected)[:40]!r} are not "
+            "what a save writes (a byte count and 16 hex digits)"
+        )
     if seal != SEAL or algorithm != ALGORITHM:
         raise bad(
-            f"is {seal!r} with {algorithm!r}; this boost_titan reads {SEAL!r} with "
-            f"{ALGORITHM!r} (written by a newer version?)"
+            f"is {repr(seal)[:60]} with {repr(algorithm)[:60]}; this boost_titan reads "
+            f"{SEAL!r} with {ALGORITHM!r} (written by a newer version?)"
         )
     body = rest[:nbytes]
     if not sep or len(body) != nbytes or rest[nbytes:] != b"\n":
@@ -147,11 +173,11 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
     found = digest(body).hex()
     if found != expected:
         raise bad(f"body has {ALGORITHM} {found} where its header records {expected}")
+    fields = _json(body)
     try:
-        fields = json.loads(body)
         kind, step, save_id, block = (fields[k] for k in ("kind", "step", "save_id", "block"))
         raw_files, raw_items = fields["files"], fields["items"]
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise bad("body is not the JSON a save writes") from None
     if (
         kind not in ("dcp", "hf")
@@ -164,15 +190,15 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
         raise bad("body is not the JSON a save writes")
     files = {}
     for name, entry in raw_files.items():
+        if not _text(name):
+            raise bad(f"names the file {name[:120]!r}, which is not valid UTF-8")
         if not (isinstance(entry, list) and len(entry) == 2 and _nonneg(entry[0])):
-            raise bad(f"entry of {name!r} is malformed")
+            raise bad(f"entry of {name[:120]!r} is malformed")
         digests = (
-            None
-            if entry[1] is None
-            else _hex_digests(entry[1], len(segment_blocks([entry[0]], block)))
+            None if entry[1] is None else _hex_digests(entry[1], block_count([entry[0]], block))
         )
         if entry[1] is not None and digests is None:
-            raise bad(f"digests of {name!r} are malformed")
+            raise bad(f"digests of {name[:120]!r} are malformed")
         files[name] = FileEntry(entry[0], digests)
     items = {}
     for entry in raw_items:
@@ -180,8 +206,9 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
         if ok:
             fqn, chunk, file, offset, length, segments, text = entry
             ok = (
-                isinstance(fqn, str)
+                _text(fqn)
                 and (chunk is None or (isinstance(chunk, list) and all(map(_nonneg, chunk))))
+                and isinstance(file, str)
                 and file in files
                 and _nonneg(offset)
                 and _nonneg(length)
@@ -189,13 +216,18 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
                 and all(_nonneg(n) and n > 0 for n in segments)
                 and sum(segments) == length
             )
-        blocks = len(segment_blocks(segments, block)) if ok else 0
-        digests = _hex_digests(text, blocks) if ok else None
+            # within the file's recorded size: checked before the blocks are counted
+            if ok and offset + length > files[file].bytes:
+                raise bad(
+                    f"puts item {fqn[:120]!r} at bytes {offset}..+{length} of {file}, which "
+                    f"its save wrote as {files[file].bytes} bytes"
+                )
+        digests = _hex_digests(text, block_count(segments, block)) if ok else None
         if digests is None:
-            raise bad(f"item entry {str(entry)[:120]} is malformed")
+            raise bad(f"item entry {ascii(entry)[:120]} is malformed")
         at = (fqn, None if chunk is None else tuple(chunk))
         if at in items:
-            raise bad(f"lists item {fqn} twice")
+            raise bad(f"lists item {fqn[:120]!r} twice")
         items[at] = ItemEntry(fqn, at[1], file, offset, length, tuple(segments), digests)
     return Seal(kind, step, save_id, files, items, block)
 

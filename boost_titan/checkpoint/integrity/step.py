@@ -126,18 +126,29 @@ def read_regular(folder: str, name: str, tail: str = NOT_LOADED) -> bytes | None
         raise _problem(
             folder, f"is damaged: its {name} cannot be read ({e.strerror})", tail
         ) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # (before fdopen, which raises IsADirectoryError on a folder)
+        os.close(fd)
+        raise _problem(
+            folder, f"is refused: its {name} is a {_kind(mode)}, not a regular file", tail
+        )
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise _problem(
-                folder, f"is refused: its {name} is a {_kind(mode)}, not a regular file", tail
-            )
         try:
             return f.read()
         except OSError as e:
             raise _problem(
                 folder, f"is damaged: its {name} cannot be read ({e.strerror})", tail
             ) from None
+
+
+def _encodable(name: str) -> bool:
+    """Whether ``name`` can name a file (a lone surrogate cannot: the file system call
+    would raise UnicodeEncodeError)."""
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
@@ -154,6 +165,13 @@ def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
             folder,
             f"is refused: its metadata names the file {relative!r}, not a relative path "
             "inside the step folder",
+            tail,
+        )
+    if not _encodable(relative):
+        raise _problem(
+            folder,
+            f"is refused: its metadata names the file {relative!r}, a name no file can have "
+            "(a lone surrogate)",
             tail,
         )
     path = os.path.join(folder, relative)
@@ -208,10 +226,17 @@ def _check_files(folder: str, seal: Seal, tail: str) -> dict[str, int]:
     """The manifest's step is the folder's; every file it lists is a regular file
     inside the folder, of the size it records."""
     named = _step_of_name(os.path.basename(os.path.normpath(folder)))
-    if named is not None and seal.step is not None and named != seal.step:
+    # a manifest with no step (a save outside a step-N folder) names no step-N either:
+    # a null step must not let a step pass under any name
+    if named is not None and named != seal.step:
+        written = (
+            "no step (saved outside a step-N folder)"
+            if seal.step is None
+            else (f"step {seal.step}")
+        )
         raise _problem(
             folder,
-            f"is corrupted: its {NAME} was written for step {seal.step}, the folder is step "
+            f"is corrupted: its {NAME} was written for {written}, the folder is step "
             f"{named} (a step copied or linked under another step's name)",
             tail,
         )
