@@ -21,6 +21,13 @@ method                      what boost_titan adds                       where th
 
 In detail, here:
 
+* **one run per checkpoint folder** (``checkpoint.lock``): rank 0 locks the folder when
+  the manager is built, before anything in it is renamed, set aside or loaded; a second
+  run on it stops there on one line naming the holder, every rank with it;
+* **every step bound to its run** (``checkpoint.run_id``): the folder's run id is read
+  at start (a new one for a new folder), written beside the steps before the first
+  save, recorded in every step's manifest; a resume sets another run's step aside
+  unless ``[checkpoint] allow_foreign_steps`` (``boost_titan.config.Checkpoint``);
 * **the log says what was loaded**: one line on rank 0 when a run starts, ``Loaded
   checkpoint PATH (where it came from): full (...) at step N`` or ``... model weights
   only ...``, or ``No checkpoint loaded (why): training starts from fresh weights``;
@@ -54,7 +61,8 @@ from torchtitan.components.checkpoint import CheckpointManager, Terminate, purge
 from torchtitan.tools.logging import logger
 
 from boost_titan.checkpoint import folder as cf
-from boost_titan.checkpoint import integrity
+from boost_titan.checkpoint import integrity, run_id
+from boost_titan.checkpoint import lock as folder_lock
 from boost_titan.checkpoint import save as checkpoint_save
 from boost_titan.checkpoint.data_position import DataPosition
 from boost_titan.checkpoint.hf.adapters import finish_hf_save
@@ -64,12 +72,68 @@ def _rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def _from_rank0(value):
+    """Rank 0's ``value`` on every rank (the others pass None and wait for it)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
+
+
 class BoostCheckpointManager(CheckpointManager):
     _loaded: tuple[str, list[str], bool] | None = None  # (path, training states, from HF)
     _started_from: str | None = None  # the initial_load_path this process loaded
     _recorded = False
     save_guard: checkpoint_save.SaveGuard | None = None  # None: saves unguarded
     data_position: DataPosition | None = None  # None: no per-rank data position
+    _lock: folder_lock.FolderLock | None = None  # rank 0's, held for the run
+    run_id: str | None = None  # the folder's run (rank 0; integrity.resume compares)
+    allow_foreign_steps = False
+    _run_written = False  # run.json is in the folder (read there, or written)
+
+    def __init__(self, *args, checkpoint_config, **kwargs) -> None:
+        super().__init__(*args, checkpoint_config=checkpoint_config, **kwargs)
+        if self.enable:
+            self.allow_foreign_steps = getattr(checkpoint_config, "allow_foreign_steps", False)
+            self._hold_folder()
+
+    def _hold_folder(self) -> None:
+        """Rank 0 locks the checkpoint folder and reads its run id (a new one for a new
+        folder); a refusal (another run holds it, its run.json is unreadable) stops
+        every rank on rank 0's line, before anything in the folder is touched."""
+        refusal = None
+        if _rank0():
+            try:
+                self._lock = folder_lock.acquire(self.folder)
+                found = run_id.read(self.folder)
+            except folder_lock.FolderRefused as e:
+                refusal = e.line
+            except run_id.BadRunFile as e:
+                refusal = (
+                    f"checkpoint folder {self.folder} cannot be resumed: {e}. Restore it, or "
+                    "delete it (the folder's steps then resume as another run's: [checkpoint] "
+                    "allow_foreign_steps)"
+                )
+            else:
+                self._run_written = found is not None
+                self.run_id = found or run_id.new()
+                if self._lock.fd is None:
+                    logger.warning(
+                        f"checkpoint folder {self.folder}: its file system has no locks "
+                        f"({self._lock.path}): a second run on this folder would not "
+                        "be refused"
+                    )
+        # every rank must agree whether run.json is to be written (a collective, save)
+        refusal, self._run_written = _from_rank0((refusal, self._run_written))
+        if refusal is not None:
+            self.close()
+            raise folder_lock.FolderRefused(refusal)
+
+    def close(self) -> None:
+        super().close()
+        if self._lock is not None:
+            self._lock.release()
 
     def attach(self, trainer, injector) -> None:
         """The run's checkpoint policies, once the trainer is built (collective: every
@@ -198,8 +262,27 @@ class BoostCheckpointManager(CheckpointManager):
             return super()._async_wait()
         return self.save_guard.async_wait(super()._async_wait)
 
+    def _write_run_id(self) -> None:
+        """``run.json`` before the first step is sealed (the save reads it there); a
+        failure (a full or read-only disk) ends every rank on rank 0's line."""
+        failed = None
+        if _rank0():
+            try:
+                run_id.write(self.folder, self.run_id)
+            except OSError as e:
+                failed = (
+                    f"checkpoint folder {self.folder}: its run record "
+                    f"{run_id.FILE} cannot be written ({e.strerror}); no checkpoint saved"
+                )
+        failed = _from_rank0(failed)
+        if failed is not None:
+            raise checkpoint_save.CheckpointSaveError(failed)
+        self._run_written = True
+
     def save(self, curr_step: int, last_step: bool = False) -> None:
         saves = self._should_save(curr_step, last_step)
+        if saves and not self._run_written:
+            self._write_run_id()
         if saves and self._started_from and not self._recorded:
             if _rank0():
                 cf.write_record(self.folder, self._started_from)

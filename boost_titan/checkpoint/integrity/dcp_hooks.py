@@ -16,7 +16,7 @@ from typing import Any
 from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint.metadata import Metadata
 
-from boost_titan.checkpoint import safe_metadata
+from boost_titan.checkpoint import run_id, safe_metadata
 from boost_titan.checkpoint.integrity import in_place, legacy
 from boost_titan.checkpoint.integrity import manifest as mf
 from boost_titan.checkpoint.integrity.blocks import (
@@ -133,7 +133,12 @@ def finish(self, metadata: Metadata, results) -> None:
     files = {name: mf.FileEntry(end, None) for name, end in ends.items()}
     files[mf.METADATA] = mf.FileEntry(len(data), segment_digests(data))
     seal = mf.Seal(
-        "dcp", mf.step_of(os.path.basename(os.path.normpath(folder))), self.save_id, files, items
+        "dcp",
+        mf.step_of(os.path.basename(os.path.normpath(folder))),
+        self.save_id,
+        files,
+        items,
+        run_id=run_id.of_steps_in(folder),  # the checkpoint folder's run (its run.json)
     )
     final = os.path.join(folder, mf.METADATA)
     if os.path.lexists(final):  # saved again: incomplete, never half old, half new

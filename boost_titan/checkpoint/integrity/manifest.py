@@ -7,10 +7,12 @@ lines of JSON:
 1. the header: ``{"seal": "boost_titan.seal/1", "algorithm": "xxh3_64", "bytes": N,
    "digest": D}``, D the xxh3_64 of the body's N bytes (so the body is checked before
    it is parsed);
-2. the body: ``{"kind": "dcp"|"hf", "step": S, "save_id": U, "block": 1048576,
+2. the body: ``{"kind": "dcp"|"hf", "step": S, "save_id": U, "run_id": R, "block": 1048576,
    "files": {NAME: [BYTES, DIGESTS or null]}, "items": [[FQN, CHUNK, FILE, OFFSET,
    LENGTH, SEGMENTS, DIGESTS]]}``: S the N of the ``step-N`` folder it was saved as (null when
-   saved elsewhere), U the save's id (DCP's ``save_id``, also in ``.metadata``),
+   saved elsewhere), U the save's id (DCP's ``save_id``, also in ``.metadata``), R the
+   id of the run whose checkpoint folder it was saved into (``checkpoint.run_id``;
+   null, or absent in manifests written before run ids, when there was none),
    every file of the step with its size (and its digests when no item covers it:
    ``.metadata``, a Hugging Face folder's files), and every DCP item with its FQN, its
    chunk's offset in the tensor (null for a pickled item), where it lies, the lengths
@@ -29,6 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from boost_titan.checkpoint import run_id as run_ids
 from boost_titan.checkpoint.integrity.blocks import (
     ALGORITHM,
     BLOCK,
@@ -68,6 +71,7 @@ class Seal:
     files: dict[str, FileEntry]
     items: dict[tuple[str, tuple[int, ...] | None], ItemEntry]
     block: int = BLOCK
+    run_id: str | None = None  # the run whose folder it was saved into (checkpoint.run_id)
 
 
 def key(index) -> tuple[str, tuple[int, ...] | None]:
@@ -89,6 +93,7 @@ def encode(seal: Seal) -> bytes:
             "kind": seal.kind,
             "step": seal.step,
             "save_id": seal.save_id,
+            "run_id": seal.run_id,
             "block": seal.block,
             "files": {
                 name: [f.bytes, None if f.digests is None else f.digests.hex()]
@@ -177,12 +182,14 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
     try:
         kind, step, save_id, block = (fields[k] for k in ("kind", "step", "save_id", "block"))
         raw_files, raw_items = fields["files"], fields["items"]
-    except (KeyError, TypeError):
+        run_id = fields.get("run_id")  # (absent: a manifest from before run ids)
+    except (KeyError, TypeError, AttributeError):
         raise bad("body is not the JSON a save writes") from None
     if (
         kind not in ("dcp", "hf")
         or not (step is None or _nonneg(step))
         or not (save_id is None or isinstance(save_id, str))
+        or not (run_id is None or run_ids.valid(run_id))
         or not (_nonneg(block) and block > 0)
         or not isinstance(raw_files, dict)
         or not isinstance(raw_items, list)
@@ -229,7 +236,7 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
         if at in items:
             raise bad(f"lists item {fqn[:120]!r} twice")
         items[at] = ItemEntry(fqn, at[1], file, offset, length, tuple(segments), digests)
-    return Seal(kind, step, save_id, files, items, block)
+    return Seal(kind, step, save_id, files, items, block, run_id)
 
 
 def write(folder: str, seal: Seal, sync: bool = True) -> None:
