@@ -186,14 +186,18 @@ def test_a_held_folder_refuses_a_run_and_frees_when_its_holder_dies(seed_checkpo
     args = ("--checkpoint.enable", "--checkpoint.interval", "2", "--training.steps", "2")
     proc, child = _hold(folder)
     try:
-        refused = run_training("debug_cola.toml", 1, dump, *args, expect_failure=True)
+        # two ranks: rank 1 learns of the refusal from rank 0 and stops with it (no hang)
+        refused = run_training(
+            "debug_cola.toml", 2, dump, *args, "--parallelism.data_parallel_shard_degree", "-1",
+            expect_failure=True, timeout=300,
+        )  # fmt: skip
     finally:
         _kill(proc, child)
     lines = [ln for ln in refused.output.splitlines() if "is in use by another run" in ln]
-    assert len(lines) == 1 and f"ERROR - checkpoint folder {folder} is in use" in lines[0], (
-        refused.output[-3000:]
-    )
-    assert f"pid {proc.pid}," in lines[0]
+    assert [ln.split("]:")[0] for ln in lines] == ["[rank0", "[rank1"], refused.output[-3000:]
+    for line in lines:
+        assert f"ERROR - checkpoint folder {folder} is in use" in line
+        assert f"pid {proc.pid}," in line
     assert "Traceback" not in refused.output and not refused.loss
     assert sorted(p.name for p in folder.iterdir()) == ["step-0"]  # no run.json, no set-aside
     assert {p.name: p.read_bytes() for p in (folder / "step-0").iterdir()} == before
