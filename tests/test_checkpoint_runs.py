@@ -171,14 +171,16 @@ def test_a_resume_sets_another_runs_step_aside(tmp_path):
 @pytest.mark.slow
 def test_a_held_folder_refuses_a_run_and_frees_when_its_holder_dies(seed_checkpoint, tmp_path):
     """A run on a folder another process holds stops at start-up on one line naming
-    the holder, exit 1, with nothing in the folder renamed, set aside or written. With
-    the holder SIGKILLed the same command runs: the seed step copied into the folder
-    is another run's (a seed checkpoint run stamped it), so it resumes only with
-    allow_foreign_steps, and the steps this run saves record its own run id."""
+    the holder, exit 1, on both ranks, with nothing in the folder renamed, set aside or
+    written. With the holder SIGKILLed the same command runs: the seed step copied into
+    this run's folder (its run.json: an earlier start of this run) is another run's (the
+    seed checkpoint's run stamped it), so it resumes only with allow_foreign_steps, and
+    the step this run saves records the folder's run id."""
     seed = seed_checkpoint("debug_cola.toml")
     dump = tmp_path / "run"
     folder = dump / "checkpoint"
-    folder.mkdir(parents=True)
+    ours = run_id.new()
+    run_id.write(str(folder), ours)
     shutil.copytree(seed, folder / "step-0")
     before = {p.name: p.read_bytes() for p in (folder / "step-0").iterdir()}
     seed_run = _manifest_run(folder / "step-0")
@@ -199,15 +201,15 @@ def test_a_held_folder_refuses_a_run_and_frees_when_its_holder_dies(seed_checkpo
         assert f"ERROR - checkpoint folder {folder} is in use" in line
         assert f"pid {proc.pid}," in line
     assert "Traceback" not in refused.output and not refused.loss
-    assert sorted(p.name for p in folder.iterdir()) == ["step-0"]  # no run.json, no set-aside
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json", "step-0"]  # no set-aside
     assert {p.name: p.read_bytes() for p in (folder / "step-0").iterdir()} == before
 
     run = run_training("debug_cola.toml", 1, dump, *args, "--checkpoint.allow_foreign_steps")
     assert (
         f"WARNING - checkpoint {folder / 'step-0'} belongs to another run: it was saved by "
-        f"run {seed_run}, this checkpoint folder is run "
+        f"run {seed_run}, this checkpoint folder is run {ours} ({folder / 'run.json'}); "
+        "resumed all the same: [checkpoint] allow_foreign_steps = true"
     ) in run.output, run.output[-3000:]
     assert sorted(run.loss[0]) == [1, 2]
-    mine = run_id.read(str(folder))
-    assert mine not in (None, seed_run) and _manifest_run(folder / "step-2") == mine
+    assert run_id.read(str(folder)) == ours and _manifest_run(folder / "step-2") == ours
     assert integrity.verify(folder / "step-2") == []

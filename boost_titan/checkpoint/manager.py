@@ -88,7 +88,9 @@ class BoostCheckpointManager(CheckpointManager):
     save_guard: checkpoint_save.SaveGuard | None = None  # None: saves unguarded
     data_position: DataPosition | None = None  # None: no per-rank data position
     _lock: folder_lock.FolderLock | None = None  # rank 0's, held for the run
-    run_id: str | None = None  # the folder's run (rank 0; integrity.resume compares)
+    # the folder's run (rank 0): its run.json's; None while it has none (integrity.resume
+    # then compares nothing, and the run takes the id of the step it resumes)
+    run_id: str | None = None
     allow_foreign_steps = False
     _run_written = False  # run.json is in the folder (read there, or written)
 
@@ -99,9 +101,9 @@ class BoostCheckpointManager(CheckpointManager):
             self._hold_folder()
 
     def _hold_folder(self) -> None:
-        """Rank 0 locks the checkpoint folder and reads its run id (a new one for a new
-        folder); a refusal (another run holds it, its run.json is unreadable) stops
-        every rank on rank 0's line, before anything in the folder is touched."""
+        """Rank 0 locks the checkpoint folder and reads its run id; a refusal (another
+        run holds it, its run.json is unreadable) stops every rank on rank 0's line,
+        before anything in the folder is touched."""
         refusal = None
         if _rank0():
             try:
@@ -117,7 +119,7 @@ class BoostCheckpointManager(CheckpointManager):
                 )
             else:
                 self._run_written = found is not None
-                self.run_id = found or run_id.new()
+                self.run_id = found
                 if self._lock.fd is None:
                     logger.warning(
                         f"checkpoint folder {self.folder}: its file system has no locks "
@@ -211,8 +213,24 @@ class BoostCheckpointManager(CheckpointManager):
         if loaded and self._loaded and self._loaded[0] == self.initial_load_path:
             self._started_from = self.initial_load_path
         if _rank0():
+            self._adopt_run_id(loaded)
             logger.info(self._load_line(loaded, step))
         return loaded
+
+    def _adopt_run_id(self, loaded: bool) -> None:
+        """A folder with no run.json that resumed one of its own steps (steps copied
+        into a new dump folder to go on there: the way to continue a run elsewhere)
+        continues that step's run; a step of initial_load_path is another run's."""
+        if self.run_id is not None or not loaded or self._loaded is None:
+            return
+        path, _states, from_hf = self._loaded
+        if from_hf or os.path.dirname(os.path.normpath(path)) != os.path.normpath(self.folder):
+            return
+        try:
+            seal = integrity.open_step(path).seal  # (parsed once: kept since the load)
+        except integrity.ChecksumMismatch:  # (it loaded: only if changed since)
+            return
+        self.run_id = seal.run_id if seal is not None else None
 
     def _load_line(self, loaded: bool, step: int) -> str:
         if not loaded or self._loaded is None:
@@ -267,6 +285,7 @@ class BoostCheckpointManager(CheckpointManager):
         failure (a full or read-only disk) ends every rank on rank 0's line."""
         failed = None
         if _rank0():
+            self.run_id = self.run_id or run_id.new()  # a new folder: a new run
             try:
                 run_id.write(self.folder, self.run_id)
             except OSError as e:

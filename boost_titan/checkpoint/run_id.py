@@ -1,17 +1,21 @@
 """Which run a checkpoint folder and each of its steps belong to.
 
-A run id is made at the first start on a checkpoint folder and kept beside its steps,
-in ``<checkpoint folder>/run.json``, written before the first step is saved; every
+A run id is made by the first run on a checkpoint folder and kept beside its steps,
+in ``<checkpoint folder>/run.json``, written before its first step is saved; every
 later start on that folder (a resume, a requeued job) reads it back and is the same
-run. Every sealed step records the id of the folder it is saved into (its manifest's
+run. A folder without ``run.json`` that holds steps (copied into a new dump folder to
+go on there, or saved before run ids existed) compares nothing: the run takes the id of
+the step it resumes, or a new one.
+
+Every sealed step records the id of the folder it is saved into (its manifest's
 ``run_id``, read from ``run.json`` when the step is sealed:
 ``integrity.dcp_hooks.finish``), so a step copied in from another run's folder
-carries that run's id, and resuming sets it aside (``integrity.resume``) unless
-``[checkpoint] allow_foreign_steps`` is set. Loading another run's step on purpose is
-``initial_load_path``, which this never checks.
+carries that run's id, and resuming a folder that has a ``run.json`` sets it aside
+(``integrity.resume``) unless ``[checkpoint] allow_foreign_steps`` is set. Loading
+another run's step on purpose is ``initial_load_path``, which this never checks.
 
 Steps saved before run ids existed (a manifest without one, or no manifest) record
-none: they resume with a warning, as the folder's own."""
+none: in a folder with a ``run.json`` they resume with a warning, as its own."""
 
 from __future__ import annotations
 
