@@ -106,25 +106,35 @@ class BoostCheckpointManager(CheckpointManager):
         before anything in the folder is touched."""
         refusal = None
         if _rank0():
+            # (nothing raised past here: the other ranks wait for rank 0's outcome)
             try:
                 self._lock = folder_lock.acquire(self.folder)
-                found = run_id.read(self.folder)
             except folder_lock.FolderRefused as e:
                 refusal = e.line
-            except run_id.BadRunFile as e:
-                refusal = (
-                    f"checkpoint folder {self.folder} cannot be resumed: {e}. Restore it, or "
-                    "delete it (the folder's steps then resume as another run's: [checkpoint] "
-                    "allow_foreign_steps)"
+            except OSError as e:  # a read-only dump folder, say: a load_only run goes on
+                self._lock = folder_lock.FolderLock(
+                    self.folder, folder_lock.lock_path(self.folder), None
+                )
+                logger.warning(
+                    f"checkpoint folder {self.folder}: its lock file {self._lock.path} cannot "
+                    f"be made or locked ({e.strerror}): a second run on this folder would not "
+                    "be refused"
                 )
             else:
-                self._run_written = found is not None
-                self.run_id = found
                 if self._lock.fd is None:
                     logger.warning(
                         f"checkpoint folder {self.folder}: its file system has no locks "
                         f"({self._lock.path}): a second run on this folder would not "
                         "be refused"
+                    )
+            if refusal is None:
+                try:
+                    self.run_id = run_id.read(self.folder)
+                    self._run_written = self.run_id is not None
+                except run_id.BadRunFile as e:
+                    refusal = (
+                        f"checkpoint folder {self.folder} cannot be resumed: {e}. Restore it, "
+                        "or delete it (the run then takes the run id of the step it resumes)"
                     )
         # every rank must agree whether run.json is to be written (a collective, save)
         refusal, self._run_written = _from_rank0((refusal, self._run_written))
