@@ -150,6 +150,12 @@ def test_a_resume_sets_another_runs_step_aside(tmp_path):
         "and a new --job.dump_folder"
     )
     assert moved == str(ours / "step_6.corrupt") and (ours / "step_6.corrupt").is_dir()
+    # [checkpoint] load_step naming it: refused on the same line, nothing set aside
+    os.rename(ours / "step_6.corrupt", ours / "step-6")
+    assert resume._named_whose(str(ours / "step-6"), str(ours), mine, False) == line
+    assert resume._named_whose(str(ours / "step-6"), str(ours), mine, True) is None
+    assert resume._named_whose(str(ours / "step-2"), str(ours), mine, False) is None
+    os.rename(ours / "step-6", ours / "step_6.corrupt")
     assert outcome[5] == (
         f"checkpoint {ours / 'step-4'} records no run id (saved before boost_titan recorded "
         "them): resumed as this checkpoint folder's own"

@@ -226,8 +226,6 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
         if outcome[0] == "error":
             raise ChecksumMismatch(outcome[1])
         _, exists, chosen, notes, newest_now, remark = outcome
-        if remark and _rank() == 0:
-            logger.warning(remark)
         if not exists:
             return _named(load, -1, named)  # torchtitan's initial_load_path / fresh start
         newest = newest_now if newest is None else newest
@@ -238,6 +236,8 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
                     f"{line}. Moved it to {moved}; resuming from step {chosen} instead: "
                     f"{newest - chosen} steps ({chosen + 1}-{newest}) are trained again"
                 )
+        if remark and _rank() == 0:  # (about the step chosen: after those set aside)
+            logger.warning(remark)
         if chosen < 0 and set_aside:
             line, moved = set_aside[-1]
             what = (
