@@ -25,9 +25,10 @@ In detail, here:
   the manager is built, before anything in it is renamed, set aside or loaded; a second
   run on it stops there on one line naming the holder, every rank with it;
 * **every step bound to its run** (``checkpoint.run_id``): the folder's run id is read
-  at start (a new one for a new folder), written beside the steps before the first
-  save, recorded in every step's manifest; a resume sets another run's step aside
-  unless ``[checkpoint] allow_foreign_steps`` (``boost_titan.config.Checkpoint``);
+  at start (none yet: the id of the step the run resumes, else a new one), written
+  beside the steps before the first save, recorded in every step's manifest; a resume
+  sets another run's step aside unless ``[checkpoint] allow_foreign_steps``
+  (``boost_titan.config.Checkpoint``);
 * **the log says what was loaded**: one line on rank 0 when a run starts, ``Loaded
   checkpoint PATH (where it came from): full (...) at step N`` or ``... model weights
   only ...``, or ``No checkpoint loaded (why): training starts from fresh weights``;
