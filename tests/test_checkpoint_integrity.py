@@ -573,7 +573,8 @@ def test_a_malformed_manifest_is_one_line_and_set_aside(tmp_path, monkeypatch):
     case(
         20,
         lambda st: _reseal(st, huge_metadata),
-        "is corrupted: its .manifest.json digests of '.metadata' are malformed",
+        "is corrupted: its .manifest.json records '.metadata' as 2305843009213693952 bytes "
+        "with 1 digests, where that size has 2199023255553",  # 2**41 MiB blocks + the tail
     )
 
     made = blocks.segment_blocks

@@ -201,9 +201,13 @@ def decode(data: bytes, folder: str, tail: str = "") -> Seal:
             raise bad(f"names the file {name[:120]!r}, which is not valid UTF-8")
         if not (isinstance(entry, list) and len(entry) == 2 and _nonneg(entry[0])):
             raise bad(f"entry of {name[:120]!r} is malformed")
-        digests = (
-            None if entry[1] is None else _hex_digests(entry[1], block_count([entry[0]], block))
-        )
+        count = block_count([entry[0]], block)  # (counted: a forged size builds nothing)
+        if isinstance(entry[1], str) and len(entry[1]) != 16 * count:
+            raise bad(
+                f"records {name[:120]!r} as {entry[0]} bytes with {len(entry[1]) // 16} "
+                f"digests, where that size has {count}"
+            )
+        digests = None if entry[1] is None else _hex_digests(entry[1], count)
         if entry[1] is not None and digests is None:
             raise bad(f"digests of {name[:120]!r} are malformed")
         files[name] = FileEntry(entry[0], digests)
