@@ -188,7 +188,10 @@ class BoostCheckpointManager(CheckpointManager):
             )
 
     def load(self, step: int = -1) -> bool:
-        return integrity.load_past_corruption(self, self._load_and_report, step)
+        try:
+            return integrity.load_past_corruption(self, self._load_and_report, step)
+        finally:
+            integrity.release()  # nothing parsed kept for the run (a step's items: GBs)
 
     _agreed_step: int | None = None  # the step rank 0 chose to resume (integrity.resume)
 
@@ -238,7 +241,7 @@ class BoostCheckpointManager(CheckpointManager):
         if from_hf or os.path.dirname(os.path.normpath(path)) != os.path.normpath(self.folder):
             return
         try:
-            seal = integrity.open_step(path).seal  # (parsed once: kept since the load)
+            seal = integrity.open_step(path).seal  # (parsed once: kept until the load ends)
         except integrity.ChecksumMismatch:  # (it loaded: only if changed since)
             return
         self.run_id = seal.run_id if seal is not None else None

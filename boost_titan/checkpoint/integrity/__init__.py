@@ -59,7 +59,7 @@ from boost_titan.checkpoint.integrity.dcp_hooks import (  # noqa: F401
 from boost_titan.checkpoint.integrity.folder_seal import seal_folder  # noqa: F401
 from boost_titan.checkpoint.integrity.manifest import NAME as MANIFEST  # noqa: F401
 from boost_titan.checkpoint.integrity.resume import load_past_corruption  # noqa: F401
-from boost_titan.checkpoint.integrity.step import open_step, states_held  # noqa: F401
+from boost_titan.checkpoint.integrity.step import open_step, release, states_held  # noqa: F401
 from boost_titan.checkpoint.integrity.verify import (  # noqa: F401
     Verification,
     check,

@@ -109,6 +109,11 @@ def finish(self, metadata: Metadata, results) -> None:
     are taken off their storage records (``.metadata`` stays what torch writes, plus a
     ``boost_titan.seal/1`` entry in ``storage_meta.modules``), the manifest is written
     (tmp + rename) and only then ``.metadata``, whose presence marks the step complete."""
+    with mf.gc_paused():  # (an object or more per item, no cycle: nothing to collect)
+        return _finish(self, metadata, results)
+
+
+def _finish(self, metadata: Metadata, results) -> None:
     pairs = [(wr.index, wr.storage_data) for wr_list in results for wr in wr_list]
     digests = [info.__dict__.pop(_DIGESTS, None) for _, info in pairs]
     per_rank = not self.use_collectives and self.rank is not None

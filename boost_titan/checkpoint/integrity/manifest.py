@@ -26,9 +26,11 @@ Only JSON is parsed here, never a pickle."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from boost_titan.checkpoint import run_id as run_ids
@@ -74,6 +76,20 @@ class Seal:
     run_id: str | None = None  # the run whose folder it was saved into (checkpoint.run_id)
 
 
+@contextmanager
+def gc_paused():
+    """The cyclic garbage collector off for a parse that makes millions of objects and
+    no cycle (a manifest's items, ``.metadata`` unpickled: at 1.6M items 24 s with it, 8 s
+    without)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def key(index) -> tuple[str, tuple[int, ...] | None]:
     """A DCP MetadataIndex as the manifest keys its items (FQN, chunk offset)."""
     offset = getattr(index, "offset", None)
@@ -88,6 +104,11 @@ def step_of(folder_name: str) -> int | None:
 
 
 def encode(seal: Seal) -> bytes:
+    with gc_paused():
+        return _encode(seal)
+
+
+def _encode(seal: Seal) -> bytes:
     body = json.dumps(
         {
             "kind": seal.kind,
@@ -149,6 +170,11 @@ def _hex_digests(text, blocks: int) -> bytes | None:
 def decode(data: bytes, folder: str, tail: str = "") -> Seal:
     """The manifest's contents, its body checked against the header's digest before it
     is parsed; one line naming what is wrong otherwise."""
+    with gc_paused():
+        return _decode(data, folder, tail)
+
+
+def _decode(data: bytes, folder: str, tail: str) -> Seal:
 
     def bad(why: str) -> ChecksumMismatch:
         return ChecksumMismatch(f"checkpoint {folder} is corrupted: its {NAME} {why}{tail}")

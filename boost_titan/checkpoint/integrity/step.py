@@ -38,7 +38,15 @@ from torch.distributed.checkpoint.metadata import Metadata
 from boost_titan.checkpoint import safe_metadata
 from boost_titan.checkpoint.integrity import legacy
 from boost_titan.checkpoint.integrity.blocks import NOT_LOADED, ChecksumMismatch, segment_digests
-from boost_titan.checkpoint.integrity.manifest import METADATA, NAME, SEAL, Seal, decode, key
+from boost_titan.checkpoint.integrity.manifest import (
+    METADATA,
+    NAME,
+    SEAL,
+    Seal,
+    decode,
+    gc_paused,
+    key,
+)
 from boost_titan.checkpoint.integrity.manifest import step_of as _step_of_name
 
 HF_INDEX = "model.safetensors.index.json"
@@ -175,22 +183,34 @@ def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
             tail,
         )
     path = os.path.join(folder, relative)
-    real, base = os.path.realpath(path), os.path.realpath(folder)
-    if os.path.commonpath([real, base]) != base:
-        raise _problem(
-            folder,
-            f"is refused: its metadata names {relative!r}, which resolves to {real}, outside "
-            "the step folder",
-            tail,
-        )
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
     except OSError as e:
         raise _problem(
             folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
         ) from None
+    # one lstat suffices for a plain name that is no link (DCP's __R_0.distcp): it lies in
+    # the folder checked; a link, or a name through subfolders (a link among them), is
+    # resolved to be checked inside it
+    if stat.S_ISLNK(st.st_mode) or os.sep in relative:
+        real, base = os.path.realpath(path), os.path.realpath(folder)
+        if os.path.commonpath([real, base]) != base:
+            raise _problem(
+                folder,
+                f"is refused: its metadata names {relative!r}, which resolves to {real}, "
+                "outside the step folder",
+                tail,
+            )
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
+        except OSError as e:
+            raise _problem(
+                folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
+            ) from None
     if not stat.S_ISREG(st.st_mode):
         raise _problem(
             folder, f"is refused: {relative} is a {_kind(st.st_mode)}, not a regular file", tail
@@ -200,7 +220,8 @@ def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
 
 def _unpickle(folder: str, data: bytes, tail: str) -> Metadata:
     try:
-        metadata = safe_metadata.loads(data, folder)
+        with gc_paused():  # (millions of small objects: collections would only rescan them)
+            metadata = safe_metadata.loads(data, folder)
     except safe_metadata.UntrustedCheckpointError:
         raise
     except Exception as e:  # noqa: BLE001  (any damage: EOF, a bad opcode, a wrong arity)
@@ -306,8 +327,11 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
     return metadata
 
 
-def _check_items_within(folder: str, metadata: Metadata, tail: str) -> dict[str, int]:
-    sizes: dict[str, int] = {}
+def _check_items_within(
+    folder: str, metadata: Metadata, tail: str, sizes: dict[str, int]
+) -> dict[str, int]:
+    """Every file ``.metadata`` names checked (``member_size``, once: ``sizes`` holds
+    those checked already) and every item within its file."""
     for index, info in metadata.storage_data.items():
         relative = getattr(info, "relative_path", None)
         if relative not in sizes:
@@ -329,7 +353,15 @@ def _signature(path: str):
     return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
 
 
+# the step last opened, while its files stay the same: a resume opens its step several
+# times (rank 0's choice, DCP's read_metadata, the data position, the run id), and
+# ``release`` forgets it once the load is done (a step's parse is as large as its items)
 _parsed: dict[tuple, tuple[str, Seal | None, Metadata | None]] = {}
+
+
+def release() -> None:
+    """Keeps nothing parsed: called when a load finishes (``CheckpointManager.load``)."""
+    _parsed.clear()
 
 
 def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, str]:
@@ -380,8 +412,7 @@ def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, s
                     f"{legacy.SIDECAR_SUFFIX} (the checksum of {METADATA}) is missing",
                     tail,
                 )
-    if len(_parsed) >= 8:
-        _parsed.pop(next(iter(_parsed)))
+    _parsed.clear()
     _parsed[cache_key] = (trust, seal, metadata)
     return trust, seal, metadata, "hf" if metadata is None else "dcp"
 
@@ -395,9 +426,13 @@ def open_step(folder: str | os.PathLike, tail: str = NOT_LOADED, allow_link: boo
     folder = os.fspath(folder)
     check_folder(folder, tail, allow_link)
     trust, seal, metadata, fmt = _parse(folder, tail)
-    sizes = {} if seal is None else _check_files(folder, seal, tail)
-    if metadata is not None:
-        sizes.update(_check_items_within(folder, metadata, tail))
+    if seal is not None:
+        # every file checked once; a sealed step's items already lie where the manifest
+        # says (``_check_metadata``), within the sizes it records (``decode``), which are
+        # the files' (``_check_files``)
+        sizes = _check_files(folder, seal, tail)
+    else:
+        sizes = {} if metadata is None else _check_items_within(folder, metadata, tail, {})
     return Step(folder, fmt, trust, metadata, seal, sizes)
 
 
