@@ -105,11 +105,25 @@ def step_of(folder_name: str) -> int | None:
 
 def encode(seal: Seal) -> bytes:
     with gc_paused():
-        return _encode(seal)
+        entries = sorted(seal.items.values(), key=lambda i: (i.file, i.offset))
+        return encode_parts(seal, [items_part(entries)])
 
 
-def _encode(seal: Seal) -> bytes:
-    body = json.dumps(
+def items_part(entries) -> bytes:
+    """The items of a manifest's body, as JSON between ``[`` and ``]``: a rank encodes
+    its own (``dcp_hooks``), so that the coordinator only joins the ranks' bytes."""
+    rows = [
+        [i.fqn, None if i.chunk is None else list(i.chunk), i.file, i.offset, i.length]
+        + [list(i.segments), i.digests.hex()]
+        for i in entries
+    ]
+    return json.dumps(rows, separators=(",", ":")).encode()[1:-1]
+
+
+def encode_parts(seal: Seal, parts: list[bytes]) -> bytes:
+    """The manifest of ``seal`` (its ``items`` ignored) with the items ``parts`` hold
+    (:func:`items_part`); the body's digest taken over its bytes, in C."""
+    head = json.dumps(
         {
             "kind": seal.kind,
             "step": seal.step,
@@ -120,16 +134,14 @@ def _encode(seal: Seal) -> bytes:
                 name: [f.bytes, None if f.digests is None else f.digests.hex()]
                 for name, f in sorted(seal.files.items())
             },
-            "items": [
-                [i.fqn, None if i.chunk is None else list(i.chunk), i.file, i.offset, i.length]
-                + [list(i.segments), i.digests.hex()]
-                for i in sorted(seal.items.values(), key=lambda i: (i.file, i.offset))
-            ],
+            "items": [],
         },
         separators=(",", ":"),
     ).encode()
-    head = {"seal": SEAL, "algorithm": ALGORITHM, "bytes": len(body), "digest": digest(body).hex()}
-    return json.dumps(head, separators=(",", ":")).encode() + b"\n" + body + b"\n"
+    assert head.endswith(b"[]}")  # (the items go between the brackets)
+    body = head[:-2] + b",".join(p for p in parts if p) + b"]}"
+    top = {"seal": SEAL, "algorithm": ALGORITHM, "bytes": len(body), "digest": digest(body).hex()}
+    return json.dumps(top, separators=(",", ":")).encode() + b"\n" + body + b"\n"
 
 
 def _nonneg(x) -> bool:
@@ -269,12 +281,13 @@ def _decode(data: bytes, folder: str, tail: str) -> Seal:
     return Seal(kind, step, save_id, files, items, block, run_id)
 
 
-def write(folder: str, seal: Seal, sync: bool = True) -> None:
-    """``folder/.manifest.json``, whole or not at all."""
+def write(folder: str, seal: Seal, sync: bool = True, parts: list[bytes] | None = None) -> None:
+    """``folder/.manifest.json``, whole or not at all (its items from ``parts`` when
+    given: :func:`encode_parts`)."""
     final = os.path.join(folder, NAME)
     tmp = final + ".tmp"
     with open(tmp, "wb") as f:
-        f.write(encode(seal))
+        f.write(encode(seal) if parts is None else encode_parts(seal, parts))
         if sync:
             os.fsync(f.fileno())
     os.replace(tmp, final)
