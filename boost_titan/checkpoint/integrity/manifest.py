@@ -32,6 +32,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from boost_titan.checkpoint import run_id as run_ids
 from boost_titan.checkpoint.integrity.blocks import (
@@ -54,8 +55,7 @@ class FileEntry:
     digests: bytes | None  # None: a DCP data file, covered by its items
 
 
-@dataclass(frozen=True)
-class ItemEntry:
+class ItemEntry(NamedTuple):  # (a tuple: a load builds one per item, millions of them)
     fqn: str
     chunk: tuple[int, ...] | None
     file: str
@@ -250,35 +250,79 @@ def _decode(data: bytes, folder: str, tail: str) -> Seal:
             raise bad(f"digests of {name[:120]!r} are malformed")
         files[name] = FileEntry(entry[0], digests)
     items = {}
+    ends = {name: f.bytes for name, f in files.items()}
     for entry in raw_items:
-        ok = isinstance(entry, list) and len(entry) == 7
-        if ok:
-            fqn, chunk, file, offset, length, segments, text = entry
-            ok = (
-                _text(fqn)
-                and (chunk is None or (isinstance(chunk, list) and all(map(_nonneg, chunk))))
-                and isinstance(file, str)
-                and file in files
-                and _nonneg(offset)
-                and _nonneg(length)
-                and isinstance(segments, list)
-                and all(_nonneg(n) and n > 0 for n in segments)
-                and sum(segments) == length
-            )
-            # within the file's recorded size: checked before the blocks are counted
-            if ok and offset + length > files[file].bytes:
-                raise bad(
-                    f"puts item {fqn[:120]!r} at bytes {offset}..+{length} of {file}, which "
-                    f"its save wrote as {files[file].bytes} bytes"
-                )
-        digests = _hex_digests(text, block_count(segments, block)) if ok else None
-        if digests is None:
-            raise bad(f"item entry {ascii(entry)[:120]} is malformed")
-        at = (fqn, None if chunk is None else tuple(chunk))
+        at, item = _fast_item(entry, ends, block) or _item(entry, files, block, bad)
         if at in items:
-            raise bad(f"lists item {fqn[:120]!r} twice")
-        items[at] = ItemEntry(fqn, at[1], file, offset, length, tuple(segments), digests)
+            raise bad(f"lists item {item.fqn[:120]!r} twice")
+        items[at] = item
     return Seal(kind, step, save_id, files, items, block, run_id)
+
+
+def _fast_item(entry, ends: dict[str, int], block: int):
+    """(key, ItemEntry) of an item entry a save writes (plain types, ASCII names, every
+    segment within a block), checked as :func:`_item` checks it, in fewer steps; None
+    for anything else, which :func:`_item` then checks and names."""
+    if type(entry) is not list or len(entry) != 7:
+        return None
+    fqn, chunk, file, offset, length, segments, text = entry
+    if not (
+        type(fqn) is str
+        and fqn.isascii()
+        and type(file) is str
+        and type(offset) is int
+        and type(length) is int
+        and offset >= 0
+        and length >= 0
+        and offset + length <= ends.get(file, -1)  # (file a str: it is a key of ends)
+        and type(segments) is list
+        and segments
+        and all([type(n) is int and 0 < n <= block for n in segments])
+        and sum(segments) == length
+        and type(text) is str
+        and len(text) == 16 * len(segments)  # (segments within a block: one digest each)
+    ):
+        return None
+    if chunk is not None:
+        if type(chunk) is not list or not all([type(x) is int and 0 <= x < 2**62 for x in chunk]):
+            return None
+        chunk = tuple(chunk)
+    try:
+        digests = bytes.fromhex(text)
+    except ValueError:
+        return None
+    if len(digests) * 2 != len(text):  # (fromhex skips spaces)
+        return None
+    return (fqn, chunk), ItemEntry(fqn, chunk, file, offset, length, tuple(segments), digests)
+
+
+def _item(entry, files: dict[str, FileEntry], block: int, bad):
+    """(key, ItemEntry) of an item entry, or ``bad``'s line naming what is wrong."""
+    ok = isinstance(entry, list) and len(entry) == 7
+    if ok:
+        fqn, chunk, file, offset, length, segments, text = entry
+        ok = (
+            _text(fqn)
+            and (chunk is None or (isinstance(chunk, list) and all(map(_nonneg, chunk))))
+            and isinstance(file, str)
+            and file in files
+            and _nonneg(offset)
+            and _nonneg(length)
+            and isinstance(segments, list)
+            and all(_nonneg(n) and n > 0 for n in segments)
+            and sum(segments) == length
+        )
+        # within the file's recorded size: checked before the blocks are counted
+        if ok and offset + length > files[file].bytes:
+            raise bad(
+                f"puts item {fqn[:120]!r} at bytes {offset}..+{length} of {file}, which "
+                f"its save wrote as {files[file].bytes} bytes"
+            )
+    digests = _hex_digests(text, block_count(segments, block)) if ok else None
+    if digests is None:
+        raise bad(f"item entry {ascii(entry)[:120]} is malformed")
+    at = (fqn, None if chunk is None else tuple(chunk))
+    return at, ItemEntry(fqn, at[1], file, offset, length, tuple(segments), digests)
 
 
 def write(folder: str, seal: Seal, sync: bool = True, parts: list[bytes] | None = None) -> None:

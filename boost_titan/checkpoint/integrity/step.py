@@ -45,7 +45,6 @@ from boost_titan.checkpoint.integrity.manifest import (
     Seal,
     decode,
     gc_paused,
-    key,
 )
 from boost_titan.checkpoint.integrity.manifest import step_of as _step_of_name
 
@@ -299,10 +298,12 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
             f"is corrupted: {METADATA} lists {len(storage)} items, its {NAME} {len(seal.items)}",
             tail,
         )
+    items = seal.items
     for index, info in storage.items():
-        item = seal.items.get(key(index))
+        offset = getattr(index, "offset", None)  # (``key``, inline: once per item)
+        item = items.get((index.fqn, None if offset is None else tuple(offset)))
         where = (info.relative_path, info.offset, info.length)
-        if item is None or (item.file, item.offset, item.length) != where:
+        if item is None or item[2:5] != where:  # (file, offset, length)
             listed = (
                 "does not list it"
                 if item is None
