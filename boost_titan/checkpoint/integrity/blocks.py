@@ -141,11 +141,11 @@ def digests_of(view, blocks: list[tuple[int, int]], base: int = 0) -> bytes:
     """The digests of ``blocks`` (absolute (start, length)) of an item whose bytes from
     ``base`` on are in ``view``."""
     view = memoryview(view).cast("B")
-    if _xxh3 is None:
-        return b"".join(digest(view[s - base : s - base + n]) for s, n in blocks)
-    for s, n in blocks:  # the addresses below are only safe inside the view
+    for s, n in blocks:  # (addresses are only safe inside the view; a slice past it, short)
         if s < base or s - base + n > len(view):
             raise ValueError(f"block {s}..{s + n} is outside the {len(view)} bytes from {base}")
+    if _xxh3 is None:
+        return b"".join(digest(view[s - base : s - base + n]) for s, n in blocks)
     at = _address(view) - base
     return b"".join(_digest_at(at + s, n) for s, n in blocks)
 
