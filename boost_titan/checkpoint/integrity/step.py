@@ -5,8 +5,10 @@ read, and ``.metadata`` unpickled only once its bytes are verified.
 pre-check (``checkpoint.folder.states_held``), the data position check
 (``checkpoint.data_position.saved_layout``), every DCP load (``safe_metadata``'s
 ``read_metadata`` hook, installed by ``integrity.install``), ``verify`` and export all
-go through it, and a rank parses a step once (the result is kept while the files'
-identity and size stay the same). In order:
+go through it, and a rank parses a step once per load (the last step opened is kept,
+while its files' identity and size stay the same, until ``release`` at the end of the
+load: a step's parse is as large as its items). Each file of the step is checked once
+per open. In order:
 
 1. the folder is a real folder (a symbolic link in the dump folder is refused: it would
    load as a step it is not, and the next save of that step would write through it; a
@@ -366,7 +368,8 @@ def release() -> None:
 
 
 def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, str]:
-    """(trust, seal, metadata, format) of ``folder``, parsed once while its files stay."""
+    """(trust, seal, metadata, format) of ``folder``, parsed once while its files stay
+    (and until ``release``)."""
     cache_key = (
         os.path.realpath(folder),
         *(_signature(os.path.join(folder, n)) for n in (NAME, METADATA, METADATA + ".xxh3")),
