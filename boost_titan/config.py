@@ -1,4 +1,5 @@
-"""The ``[boost]`` TOML section, merged into torchtitan's JobConfig.
+"""The ``[boost]`` TOML section, and options added to torchtitan's ``[checkpoint]``,
+``[optimizer]`` and ``[training]``, merged into torchtitan's JobConfig.
 
 ``boost_titan.train`` merges it automatically; with plain ``torchtitan.train`` set
 ``[job] custom_config_module = "boost_titan.config"``.
@@ -202,8 +203,21 @@ class Training:
 
 
 @dataclass
+class Checkpoint:
+    """boost_titan's options, merged into torchtitan's ``[checkpoint]`` section."""
+
+    allow_foreign_steps: bool = False
+    """Resume a step of the dump folder's checkpoint folder that another run saved (its
+    manifest records another run id than the folder's ``run.json``: a step copied in
+    from another run's folder). Off: such a step is set aside as ``step_N.corrupt``
+    with a line saying whose it is, and an older step of this run resumed. To start
+    from another run's step on purpose, use ``initial_load_path`` instead."""
+
+
+@dataclass
 class JobConfig:
     boost: Boost = field(default_factory=Boost)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
     optimizer: Optimizer = field(default_factory=Optimizer)
     training: Training = field(default_factory=Training)
 

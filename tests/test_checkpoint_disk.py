@@ -101,8 +101,9 @@ def test_injected_enospc_is_one_line_and_keeps_the_previous_checkpoint(
     st = os.statvfs(folder)
     assert 0 < _n(free) <= st.f_blocks * st.f_frsize
 
-    # the partial step-4 is gone (beside step-2: the run's initial_load_path record)
-    assert sorted(os.listdir(folder)) == ["initial_load.json", "step-2"]
+    # the partial step-4 is gone (beside step-2: the run's initial_load_path record and
+    # its run id)
+    assert sorted(os.listdir(folder)) == ["initial_load.json", "run.json", "step-2"]
     assert "enforce fail" not in out and "unexpected pos" not in out
     assert "Traceback" not in out and "CheckpointException" not in out
     assert sorted(run.loss[0]) == [1, 2, 3, 4]  # it stopped at step 4's save
@@ -188,7 +189,7 @@ def test_real_full_disk_warns_at_start_and_fails_on_one_line(corpus_dir, tmpfs_4
     # after the line, only the TensorBoard files' last flush (at close) wrote there
     assert 0 <= _n(free) - st.f_bavail * st.f_frsize < 2**20, (free, st.f_bavail * st.f_frsize)
     assert previous.startswith("No previous checkpoint in this folder")
-    assert os.listdir(folder) == []
+    assert os.listdir(folder) == ["run.json"]  # (the run's id, written before its first save)
     assert "enforce fail" not in out and "Traceback" not in out
     assert sorted(run.loss[0]) == [1, 2]
 

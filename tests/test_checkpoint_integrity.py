@@ -468,6 +468,144 @@ def test_paths_kinds_and_ranges_are_refused_in_one_line(tmp_path):
         assert _load_line(step) == line + "; not loaded", name
 
 
+def _reseal(step_dir: Path, change=None, body: bytes | None = None) -> None:
+    """Rewrite the step's manifest body (``change(fields)``, or ``body`` as given) under
+    a header that matches it: what refuses it is then the body's own check."""
+    if body is None:
+        fields = json.loads((step_dir / manifest.NAME).read_bytes().split(b"\n")[1])
+        change(fields)
+        body = json.dumps(fields).encode()
+    head = {
+        "seal": manifest.SEAL, "algorithm": "xxh3_64",
+        "bytes": len(body), "digest": xxhash.xxh3_64_hexdigest(body),
+    }  # fmt: skip
+    (step_dir / manifest.NAME).write_bytes(json.dumps(head).encode() + b"\n" + body + b"\n")
+
+
+def test_a_malformed_manifest_is_one_line_and_set_aside(tmp_path, monkeypatch):
+    """Issue #48: manifests that raised other exceptions out of ``open_step`` (a folder
+    in its place: IsADirectoryError; ``"bytes": Infinity``: OverflowError; 200k-deep
+    JSON: RecursionError; a lone surrogate in a file name: UnicodeEncodeError), a null
+    step that skipped the step-number check, and lengths of 2**61 that made 2**41 block
+    entries (MemoryError) are each one line naming the step; resuming the dump folder
+    sets each aside and loads the good step below them."""
+    from boost_titan.checkpoint.integrity import blocks, resume
+
+    root = tmp_path / "checkpoint"
+    _save(root / "step-2", _state(step=2))
+    expected = {}
+
+    def case(n: int, mutate, line: str, sealed: bool = True) -> None:
+        step = _save(root / f"step-{n}", _state(step=n), **({} if sealed else {"_extensions": ()}))
+        mutate(step)
+        expected[n] = line
+
+    def folder(step):
+        (step / manifest.NAME).unlink()
+        (step / manifest.NAME).mkdir()
+
+    def infinite(step):
+        head, rest = (step / manifest.NAME).read_bytes().split(b"\n", 1)
+        head = re.sub(rb'"bytes":\d+', b'"bytes":Infinity', head)
+        (step / manifest.NAME).write_bytes(head + b"\n" + rest)
+
+    deep = b"[" * 200_000 + b"]" * 200_000
+
+    def surrogate(step):
+        def change(fields):
+            fields["files"]["\ud800.distcp"] = fields["files"].pop("__0_0.distcp")
+            for item in fields["items"]:
+                item[2] = "\ud800.distcp"
+
+        _reseal(step, change)
+
+    def huge(fields, n=2**61):
+        fields["items"][0][4], fields["items"][0][5] = n, [n]
+
+    def huge_metadata(fields):
+        fields["files"][".metadata"][0] = 2**61
+
+    def null_step(fields):
+        fields["step"] = None
+
+    case(4, folder, "is refused: its .manifest.json is a folder, not a regular file")
+    case(
+        6,
+        infinite,
+        "is corrupted: its .manifest.json header's bytes inf and digest",
+    )
+    case(
+        8,
+        lambda st: (st / manifest.NAME).write_bytes(deep + b"\n"),
+        "is corrupted: its .manifest.json does not start with the header line a save writes",
+    )
+    case(
+        10,
+        lambda st: _reseal(st, body=deep),
+        "is corrupted: its .manifest.json body is not the JSON a save writes",
+    )
+    case(
+        12,
+        surrogate,
+        "is corrupted: its .manifest.json names the file '\\ud800.distcp', which is not valid "
+        "UTF-8",
+    )
+    case(
+        14,
+        lambda st: _forge(
+            st, lambda m: [setattr(i, "relative_path", "\ud800") for i in m.storage_data.values()]
+        ),
+        "is refused: its metadata names the file '\\ud800', a name no file can have (a lone "
+        "surrogate)",
+        sealed=False,
+    )
+    case(
+        16,
+        lambda st: _reseal(st, null_step),
+        "is corrupted: its .manifest.json was written for no step (saved outside a step-N "
+        "folder), the folder is step 16 (a step copied or linked under another step's name)",
+    )
+    case(
+        18,
+        lambda st: _reseal(st, huge),
+        "is corrupted: its .manifest.json puts item",
+    )
+    case(
+        20,
+        lambda st: _reseal(st, huge_metadata),
+        "is corrupted: its .manifest.json records '.metadata' as 2305843009213693952 bytes "
+        "with 1 digests, where that size has 2199023255553",  # 2**41 MiB blocks + the tail
+    )
+
+    made = blocks.segment_blocks
+
+    def no_huge_lists(segments, *args):  # 2**41 blocks: refused before any list is made
+        assert sum(segments) < 2**40, f"segment_blocks({segments}) called"
+        return made(segments, *args)
+
+    monkeypatch.setattr(manifest, "segment_blocks", no_huge_lists, raising=False)
+    monkeypatch.setattr(blocks, "segment_blocks", no_huge_lists)
+    for n, line in expected.items():
+        step = root / f"step-{n}"
+        with pytest.raises(integrity.ChecksumMismatch) as info:
+            integrity.open_step(step)
+        got = str(info.value)
+        assert got.startswith(f"checkpoint {step} ") and line in got, (n, got)
+        assert "\n" not in got and got.endswith("; not loaded"), got
+    assert "at bytes 0..+2305843009213693952 of __0_0.distcp, which its save wrote as" in (
+        str(pytest.raises(integrity.ChecksumMismatch, integrity.open_step, root / "step-18").value)
+    )
+    monkeypatch.undo()
+    outcome = resume._choose(str(root), None)
+    assert outcome[:3] == ("ok", True, 2), outcome
+    moved = outcome[3]
+    newest_first = sorted(expected, reverse=True)
+    assert [m for _, m in moved] == [str(root / f"step_{n}.corrupt") for n in newest_first]
+    for (line, _), n in zip(moved, newest_first):
+        assert line.startswith(f"checkpoint {root / f'step-{n}'} ") and expected[n] in line
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-2"]
+
+
 def test_a_rank_parses_a_step_once(tmp_path, monkeypatch):
     """The launch pre-check's view, the data position check and DCP's load of one step
     in one process unpickle its .metadata once (and hash it once); a new save of the

@@ -243,7 +243,7 @@ def test_keep_latest_k_and_the_readme_fine_tuning_example(corpus_dir, tmp_path):
         "2",
     )
     ckpt = tmp_path / "first" / "checkpoint"
-    assert sorted(os.listdir(ckpt)) == ["step-6", "step-8"]
+    assert sorted(os.listdir(ckpt)) == ["run.json", "step-6", "step-8"]
     assert _LOADED.findall(first.output) == [
         f"No checkpoint loaded (checkpoint folder {ckpt} holds no complete step-N folder and "
         "[checkpoint] initial_load_path is not set): training starts from fresh weights"
@@ -282,6 +282,7 @@ def test_keep_latest_k_and_the_readme_fine_tuning_example(corpus_dir, tmp_path):
     assert record["initial_load_path"] == str(imported)
     assert sorted(os.listdir(tmp_path / "tuned" / "checkpoint")) == [
         "initial_load.json",
+        "run.json",
         "step-1",
         "step_2.incomplete",
     ]

@@ -16,6 +16,8 @@ import pytest
 import torch
 from helpers import REPO_ROOT, assert_safe_metadata, run_main, run_training
 
+from boost_titan.checkpoint import integrity, run_id
+
 FP32 = ("--training.mixed_precision_param", "float32")
 CONFIG = "debug_cola_btp_tp2.toml"
 
@@ -83,6 +85,10 @@ def test_resume_under_btp_is_bit_exact(btp_run):
     shutil.copy(full.dump_folder / "checkpoint" / "initial_load.json", resumed_dir / "checkpoint")
     resumed = run_training(CONFIG, 2, resumed_dir, *args)
     assert sorted(resumed.loss[0]) == [4, 5, 6]
+    # steps copied into a new folder (no run.json) go on as their run (#48): same run id
+    first = run_id.read(str(full.dump_folder / "checkpoint"))
+    assert first is not None and run_id.read(str(resumed_dir / "checkpoint")) == first
+    assert integrity.open_step(resumed_dir / "checkpoint" / "step-6").seal.run_id == first
     for rank in (0, 1):
         for step in (4, 5, 6):
             assert resumed.loss[rank][step] == full.loss[rank][step]

@@ -4,6 +4,8 @@
     save           a save that fails on the disk ends the run in one line
     space          bytes a checkpoint takes; whether the disk holds the ones a run keeps
     folder         a checkpoint folder's complete steps and what each holds
+    lock           one run per checkpoint folder (a flock rank 0 holds for the run)
+    run_id         which run a checkpoint folder and each of its steps belong to
     integrity/     sealed steps: a manifest written by every save, every step opened
                    through it before anything is read, every item checked; ``verify``
     safe_metadata  DCP's pickles read with allowlists: loading runs no code

@@ -21,6 +21,14 @@ method                      what boost_titan adds                       where th
 
 In detail, here:
 
+* **one run per checkpoint folder** (``checkpoint.lock``): rank 0 locks the folder when
+  the manager is built, before anything in it is renamed, set aside or loaded; a second
+  run on it stops there on one line naming the holder, every rank with it;
+* **every step bound to its run** (``checkpoint.run_id``): the folder's run id is read
+  at start (none yet: the id of the step the run resumes, else a new one), written
+  beside the steps before the first save, recorded in every step's manifest; a resume
+  sets another run's step aside unless ``[checkpoint] allow_foreign_steps``
+  (``boost_titan.config.Checkpoint``);
 * **the log says what was loaded**: one line on rank 0 when a run starts, ``Loaded
   checkpoint PATH (where it came from): full (...) at step N`` or ``... model weights
   only ...``, or ``No checkpoint loaded (why): training starts from fresh weights``;
@@ -54,7 +62,8 @@ from torchtitan.components.checkpoint import CheckpointManager, Terminate, purge
 from torchtitan.tools.logging import logger
 
 from boost_titan.checkpoint import folder as cf
-from boost_titan.checkpoint import integrity
+from boost_titan.checkpoint import integrity, run_id
+from boost_titan.checkpoint import lock as folder_lock
 from boost_titan.checkpoint import save as checkpoint_save
 from boost_titan.checkpoint.data_position import DataPosition
 from boost_titan.checkpoint.hf.adapters import finish_hf_save
@@ -64,12 +73,80 @@ def _rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def _from_rank0(value):
+    """Rank 0's ``value`` on every rank (the others pass None and wait for it)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
+
+
 class BoostCheckpointManager(CheckpointManager):
     _loaded: tuple[str, list[str], bool] | None = None  # (path, training states, from HF)
     _started_from: str | None = None  # the initial_load_path this process loaded
     _recorded = False
     save_guard: checkpoint_save.SaveGuard | None = None  # None: saves unguarded
     data_position: DataPosition | None = None  # None: no per-rank data position
+    _lock: folder_lock.FolderLock | None = None  # rank 0's, held for the run
+    # the folder's run (rank 0): its run.json's; None while it has none (integrity.resume
+    # then compares nothing, and the run takes the id of the step it resumes)
+    run_id: str | None = None
+    allow_foreign_steps = False
+    _run_written = False  # run.json is in the folder (read there, or written)
+
+    def __init__(self, *args, checkpoint_config, **kwargs) -> None:
+        super().__init__(*args, checkpoint_config=checkpoint_config, **kwargs)
+        if self.enable:
+            self.allow_foreign_steps = getattr(checkpoint_config, "allow_foreign_steps", False)
+            self._hold_folder()
+
+    def _hold_folder(self) -> None:
+        """Rank 0 locks the checkpoint folder and reads its run id; a refusal (another
+        run holds it, its run.json is unreadable) stops every rank on rank 0's line,
+        before anything in the folder is touched."""
+        refusal = None
+        if _rank0():
+            # (nothing raised past here: the other ranks wait for rank 0's outcome)
+            try:
+                self._lock = folder_lock.acquire(self.folder)
+            except folder_lock.FolderRefused as e:
+                refusal = e.line
+            except OSError as e:  # a read-only dump folder, say: a load_only run goes on
+                self._lock = folder_lock.FolderLock(
+                    self.folder, folder_lock.lock_path(self.folder), None
+                )
+                logger.warning(
+                    f"checkpoint folder {self.folder}: its lock file {self._lock.path} cannot "
+                    f"be made or locked ({e.strerror}): a second run on this folder would not "
+                    "be refused"
+                )
+            else:
+                if self._lock.fd is None:
+                    logger.warning(
+                        f"checkpoint folder {self.folder}: its file system has no locks "
+                        f"({self._lock.path}): a second run on this folder would not "
+                        "be refused"
+                    )
+            if refusal is None:
+                try:
+                    self.run_id = run_id.read(self.folder)
+                    self._run_written = self.run_id is not None
+                except run_id.BadRunFile as e:
+                    refusal = (
+                        f"checkpoint folder {self.folder} cannot be resumed: {e}. Restore it, "
+                        "or delete it (the run then takes the run id of the step it resumes)"
+                    )
+        # every rank must agree whether run.json is to be written (a collective, save)
+        refusal, self._run_written = _from_rank0((refusal, self._run_written))
+        if refusal is not None:
+            self.close()
+            raise folder_lock.FolderRefused(refusal)
+
+    def close(self) -> None:
+        super().close()
+        if self._lock is not None:
+            self._lock.release()
 
     def attach(self, trainer, injector) -> None:
         """The run's checkpoint policies, once the trainer is built (collective: every
@@ -111,7 +188,10 @@ class BoostCheckpointManager(CheckpointManager):
             )
 
     def load(self, step: int = -1) -> bool:
-        return integrity.load_past_corruption(self, self._load_and_report, step)
+        try:
+            return integrity.load_past_corruption(self, self._load_and_report, step)
+        finally:
+            integrity.release()  # nothing parsed kept for the run (a step's items: GBs)
 
     _agreed_step: int | None = None  # the step rank 0 chose to resume (integrity.resume)
 
@@ -147,8 +227,24 @@ class BoostCheckpointManager(CheckpointManager):
         if loaded and self._loaded and self._loaded[0] == self.initial_load_path:
             self._started_from = self.initial_load_path
         if _rank0():
+            self._adopt_run_id(loaded)
             logger.info(self._load_line(loaded, step))
         return loaded
+
+    def _adopt_run_id(self, loaded: bool) -> None:
+        """A folder with no run.json that resumed one of its own steps (steps copied
+        into a new dump folder to go on there: the way to continue a run elsewhere)
+        continues that step's run; a step of initial_load_path is another run's."""
+        if self.run_id is not None or not loaded or self._loaded is None:
+            return
+        path, _states, from_hf = self._loaded
+        if from_hf or os.path.dirname(os.path.normpath(path)) != os.path.normpath(self.folder):
+            return
+        try:
+            seal = integrity.open_step(path).seal  # (parsed once: kept until the load ends)
+        except integrity.ChecksumMismatch:  # (it loaded: only if changed since)
+            return
+        self.run_id = seal.run_id if seal is not None else None
 
     def _load_line(self, loaded: bool, step: int) -> str:
         if not loaded or self._loaded is None:
@@ -198,8 +294,28 @@ class BoostCheckpointManager(CheckpointManager):
             return super()._async_wait()
         return self.save_guard.async_wait(super()._async_wait)
 
+    def _write_run_id(self) -> None:
+        """``run.json`` before the first step is sealed (the save reads it there); a
+        failure (a full or read-only disk) ends every rank on rank 0's line."""
+        failed = None
+        if _rank0():
+            self.run_id = self.run_id or run_id.new()  # a new folder: a new run
+            try:
+                run_id.write(self.folder, self.run_id)
+            except OSError as e:
+                failed = (
+                    f"checkpoint folder {self.folder}: its run record "
+                    f"{run_id.FILE} cannot be written ({e.strerror}); no checkpoint saved"
+                )
+        failed = _from_rank0(failed)
+        if failed is not None:
+            raise checkpoint_save.CheckpointSaveError(failed)
+        self._run_written = True
+
     def save(self, curr_step: int, last_step: bool = False) -> None:
         saves = self._should_save(curr_step, last_step)
+        if saves and not self._run_written:
+            self._write_run_id()
         if saves and self._started_from and not self._recorded:
             if _rank0():
                 cf.write_record(self.folder, self._started_from)

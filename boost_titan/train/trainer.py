@@ -22,6 +22,7 @@ from torchtitan.tools.logging import init_logger, logger
 from torchtitan.train import Trainer
 
 from boost_titan.checkpoint import integrity, safe_metadata
+from boost_titan.checkpoint import lock as checkpoint_lock
 from boost_titan.checkpoint import manager as checkpoint_manager
 from boost_titan.checkpoint import save as checkpoint_save
 from boost_titan.checkpoint.hf import adapters as hf_adapters
@@ -287,8 +288,10 @@ def main(argv: list[str] | None = None) -> None:
             logger.info("Created seed checkpoint")
         else:
             trainer.train()
-    except checkpoint_save.CheckpointSaveError as e:
-        logger.error(e.line)  # the whole story; a SystemExit(1): no traceback
+    except (checkpoint_save.CheckpointSaveError, checkpoint_lock.FolderRefused) as e:
+        # a failed save, a checkpoint folder another run holds: the whole story on one
+        # line; a SystemExit(1): no traceback
+        logger.error(e.line)
         if trainer:
             trainer.close()
         if cpu_runtime.is_active():  # no gloo teardown at interpreter exit (as a finished run)

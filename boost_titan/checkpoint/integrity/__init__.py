@@ -6,8 +6,9 @@ next to ``safe_metadata.install()``) makes every DCP save and load of the proces
 
 - **save**: each item (tensor chunk or pickled value) is digested as it streams to its
   ``__R_F.distcp`` file, one xxh3_64 per MiB (``blocks``: hashed beside the write, by a
-  helper thread), and the digests travel with DCP's write results to the coordinator,
-  which writes the step's manifest ``.manifest.json`` (``manifest``: save id, step N,
+  helper thread); each rank encodes its own items' entries of the manifest once its
+  writes are done, and they travel with DCP's write results to the coordinator, which
+  joins the ranks' bytes into the step's manifest ``.manifest.json`` (``manifest``: save id, step N,
   every item's FQN, chunk, file, offset, length and digests, every file's size, the
   digests of ``.metadata``) atomically, then ``.metadata``, whose presence marks the step
   complete. ``.metadata`` is what torch writes (one string added to
@@ -59,7 +60,7 @@ from boost_titan.checkpoint.integrity.dcp_hooks import (  # noqa: F401
 from boost_titan.checkpoint.integrity.folder_seal import seal_folder  # noqa: F401
 from boost_titan.checkpoint.integrity.manifest import NAME as MANIFEST  # noqa: F401
 from boost_titan.checkpoint.integrity.resume import load_past_corruption  # noqa: F401
-from boost_titan.checkpoint.integrity.step import open_step, states_held  # noqa: F401
+from boost_titan.checkpoint.integrity.step import open_step, release, states_held  # noqa: F401
 from boost_titan.checkpoint.integrity.verify import (  # noqa: F401
     Verification,
     check,

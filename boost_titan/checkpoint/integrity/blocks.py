@@ -126,15 +126,26 @@ def segment_blocks(segments, block: int = BLOCK) -> list[tuple[int, int]]:
     return out
 
 
+def block_count(segments, block: int = BLOCK) -> int:
+    """``len(segment_blocks(segments, block))``, counted without building the list: a
+    manifest's lengths are checked against the digests it holds before any list of
+    blocks is made (a forged length of 2**61 would otherwise make 2**41 of them)."""
+    count = 0
+    for length in segments:
+        body = length - TAIL if length > block else length
+        count += -(-max(body, 0) // block) + (body < length)
+    return count
+
+
 def digests_of(view, blocks: list[tuple[int, int]], base: int = 0) -> bytes:
     """The digests of ``blocks`` (absolute (start, length)) of an item whose bytes from
     ``base`` on are in ``view``."""
     view = memoryview(view).cast("B")
-    if _xxh3 is None:
-        return b"".join(digest(view[s - base : s - base + n]) for s, n in blocks)
-    for s, n in blocks:  # the addresses below are only safe inside the view
+    for s, n in blocks:  # (addresses are only safe inside the view; a slice past it, short)
         if s < base or s - base + n > len(view):
             raise ValueError(f"block {s}..{s + n} is outside the {len(view)} bytes from {base}")
+    if _xxh3 is None:
+        return b"".join(digest(view[s - base : s - base + n]) for s, n in blocks)
     at = _address(view) - base
     return b"".join(_digest_at(at + s, n) for s, n in blocks)
 

@@ -16,7 +16,7 @@ from typing import Any
 from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint.metadata import Metadata
 
-from boost_titan.checkpoint import safe_metadata
+from boost_titan.checkpoint import run_id, safe_metadata
 from boost_titan.checkpoint.integrity import in_place, legacy
 from boost_titan.checkpoint.integrity import manifest as mf
 from boost_titan.checkpoint.integrity.blocks import (
@@ -32,7 +32,8 @@ from boost_titan.checkpoint.integrity.writing import Digests, HashingStream
 
 logger = logging.getLogger()  # torchtitan's logger (the root logger), as boost_titan.train.fault
 
-_DIGESTS = "_boost_digests"  # an item's digests, on its _StorageInfo until finish()
+_DIGESTS = "_boost_digests"  # an item's digests, on its _StorageInfo until its rank's part
+_PART = "_boost_part"  # a rank's part of the manifest, on its first _StorageInfo
 
 
 class _SealsWhereUnpickled:
@@ -53,6 +54,7 @@ def _saving_installed_here() -> _SealsWhereUnpickled:
 
 _torch_writer_init = filesystem._FileSystemWriter.__init__
 _torch_finish = filesystem._FileSystemWriter.finish
+_torch_write_data = filesystem._FileSystemWriter.write_data
 _torch_prepare_local_plan = filesystem._FileSystemWriter.prepare_local_plan
 _torch_write_item = filesystem._write_item
 _torch_transform_load_stream = filesystem._StorageReaderTransforms.transform_load_stream
@@ -104,41 +106,86 @@ def _sync(f, sync_files: bool) -> None:
         os.fsync(f.fileno())
 
 
+def _write_data(self, plan, planner):
+    """torch's, with this rank's part of the manifest made once its items are written:
+    its items encoded (``manifest.items_part``) and its files' ends, carried by its
+    first write result to the coordinator, which then only joins the ranks' bytes."""
+    written = _torch_write_data(self, plan, planner)
+    if getattr(self.transforms, "_boost_unsealed", True):
+        return written
+    return written.then(lambda done: _with_part(done.value()))
+
+
+def _with_part(results: list) -> list:
+    infos = [wr.storage_data for wr in results]
+    recorded = [info.__dict__.pop(_DIGESTS, None) for info in infos]
+    if not results or None in recorded:  # (not every item digested: the save is unsealed)
+        return results
+    entries, ends = [], {}
+    for wr, info, digests in zip(results, infos, recorded):
+        fqn, chunk = mf.key(wr.index)
+        segments, item_digests = digests.resolve() if isinstance(digests, Digests) else digests
+        file, offset, length = info.relative_path, info.offset, info.length
+        segments = tuple(segments)
+        entries.append(mf.ItemEntry(fqn, chunk, file, offset, length, segments, item_digests))
+        ends[file] = max(ends.get(file, 0), offset + length)
+    entries.sort(key=lambda i: (i.file, i.offset))
+    infos[0].__dict__[_PART] = (mf.items_part(entries), ends, len(entries))
+    return results
+
+
 def finish(self, metadata: Metadata, results) -> None:
-    """``_FileSystemWriter.finish`` of torch 2.13 with the manifest: the items' digests
-    are taken off their storage records (``.metadata`` stays what torch writes, plus a
+    """``_FileSystemWriter.finish`` of torch 2.13 with the manifest: its items are the
+    ranks' parts (:func:`_write_data`), joined as bytes (nothing done per item here
+    that torch does not do), ``.metadata`` stays what torch writes (plus a
     ``boost_titan.seal/1`` entry in ``storage_meta.modules``), the manifest is written
-    (tmp + rename) and only then ``.metadata``, whose presence marks the step complete."""
-    pairs = [(wr.index, wr.storage_data) for wr_list in results for wr in wr_list]
-    digests = [info.__dict__.pop(_DIGESTS, None) for _, info in pairs]
+    (tmp + rename) and only then ``.metadata``, whose presence marks the step
+    complete."""
+    with mf.gc_paused():  # (torch's storage dict: an entry per item, no cycle)
+        return _finish(self, metadata, results)
+
+
+def _finish(self, metadata: Metadata, results) -> None:
+    parts = [wrs[0].storage_data.__dict__.pop(_PART, None) for wrs in results if wrs]
+    counts = sum(len(wrs) for wrs in results)
     per_rank = not self.use_collectives and self.rank is not None
-    if per_rank or not isinstance(self.fs, filesystem.FileSystem) or None in digests:
+    if (
+        per_rank
+        or not isinstance(self.fs, filesystem.FileSystem)
+        or None in parts
+        or sum(p[2] for p in parts) != counts
+    ):
+        for wrs in results:  # (a rank that did not seal: nothing of ours in .metadata)
+            for wr in wrs:
+                wr.storage_data.__dict__.pop(_DIGESTS, None)
         return _torch_finish(self, metadata, results)
     metadata.version = filesystem.CURRENT_DCP_VERSION
-    storage, items, ends = {}, {}, {}
-    for (index, info), recorded in zip(pairs, digests):
-        storage[index] = info
-        fqn, chunk = mf.key(index)
-        segments, item_digests = recorded.resolve() if isinstance(recorded, Digests) else recorded
-        items[(fqn, chunk)] = mf.ItemEntry(
-            fqn, chunk, info.relative_path, info.offset, info.length, tuple(segments), item_digests
-        )
-        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    storage = {}
+    for wrs in results:  # (torch's own loop)
+        storage.update({wr.index: wr.storage_data for wr in wrs})
     metadata.storage_data = storage
     meta = self.storage_meta()
     meta.modules = [*meta.modules, mf.SEAL]
     metadata.storage_meta = meta
     data = pickle.dumps(metadata)
     folder = os.fspath(self.path)
-    files = {name: mf.FileEntry(end, None) for name, end in ends.items()}
+    files = {}
+    for _part, ends, _count in parts:
+        for name, end in ends.items():
+            files[name] = mf.FileEntry(max(end, files[name].bytes if name in files else 0), None)
     files[mf.METADATA] = mf.FileEntry(len(data), segment_digests(data))
     seal = mf.Seal(
-        "dcp", mf.step_of(os.path.basename(os.path.normpath(folder))), self.save_id, files, items
+        "dcp",
+        mf.step_of(os.path.basename(os.path.normpath(folder))),
+        self.save_id,
+        files,
+        {},
+        run_id=run_id.of_steps_in(folder),  # the checkpoint folder's run (its run.json)
     )
     final = os.path.join(folder, mf.METADATA)
     if os.path.lexists(final):  # saved again: incomplete, never half old, half new
         os.remove(final)
-    mf.write(folder, seal, self.sync_files)
+    mf.write(folder, seal, self.sync_files, parts=[p[0] for p in parts])
     tmp = final + ".tmp"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -213,6 +260,7 @@ def install_saving() -> None:
     """The save side of :func:`install` only (no torchtitan import)."""
     filesystem._FileSystemWriter.__init__ = _writer_init  # type: ignore[method-assign]
     filesystem._FileSystemWriter.finish = finish  # type: ignore[method-assign]
+    filesystem._FileSystemWriter.write_data = _write_data  # type: ignore[method-assign]
     filesystem._FileSystemWriter.prepare_local_plan = _prepare_local_plan  # type: ignore[method-assign]
     filesystem._write_item = _write_item
 
@@ -233,6 +281,7 @@ def installed() -> bool:
         and safe_metadata.metadata_reader is _read_verified
         and filesystem._FileSystemWriter.__init__ is _writer_init
         and filesystem._FileSystemWriter.finish is finish
+        and filesystem._FileSystemWriter.write_data is _write_data
         and filesystem._write_item is _write_item
         and filesystem._StorageReaderTransforms.transform_load_stream is transform_load_stream
         and in_place.installed()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import uuid
 
+from boost_titan.checkpoint import run_id
 from boost_titan.checkpoint.integrity import manifest as mf
 from boost_titan.checkpoint.integrity.blocks import digest, read_at, segment_blocks
 
@@ -37,4 +38,5 @@ def seal_folder(folder: str, step: int | None = None) -> None:
         files[name] = mf.FileEntry(size, digests)
     if step is None:
         step = mf.step_of(os.path.basename(os.path.normpath(folder)))
-    mf.write(folder, mf.Seal("hf", step, uuid.uuid4().hex, files, {}))
+    run = run_id.of_steps_in(folder)  # the checkpoint folder's run, as a DCP step's
+    mf.write(folder, mf.Seal("hf", step, uuid.uuid4().hex, files, {}, run_id=run))

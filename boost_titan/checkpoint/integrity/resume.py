@@ -1,8 +1,8 @@
 """The trainer's resume past a damaged checkpoint: rank 0 picks the newest step of the
-dump folder that opens (``step.open_step``), setting aside (``step_N.corrupt``) each
-newer one that does not, and broadcasts its choice; a step that fails while it loads
-(an item's digest, a file another rank cannot read) is set aside the same way and
-the choice made again."""
+dump folder that opens (``step.open_step``) and belongs to the folder's run
+(``checkpoint.run_id``), setting aside (``step_N.corrupt``) each newer one that does
+not, and broadcasts its choice; a step that fails while it loads (an item's digest, a
+file another rank cannot read) is set aside the same way and the choice made again."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Callable
 
-from boost_titan.checkpoint import safe_metadata
+from boost_titan.checkpoint import run_id, safe_metadata
 from boost_titan.checkpoint.integrity.blocks import ChecksumMismatch, mismatch_in
 from boost_titan.checkpoint.integrity.manifest import METADATA
 from boost_titan.checkpoint.integrity.step import HF_INDEX, open_step
@@ -95,9 +95,34 @@ def _complete_steps(folder: str) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def _choose(folder: str, failed: tuple[str, str] | None) -> tuple:
-    """Rank 0: ``("ok", exists, step, [(line, moved)], newest)`` (step -1: none left),
-    or ``("refused" | "error", line)``."""
+def _whose(path: str, seal, folder: str, owner: str | None, allow_foreign: bool) -> str | None:
+    """Whether the dump folder's step ``path`` (it opened, its manifest ``seal``) is the
+    folder's run's: None (it is, or there is no ``owner`` to compare with), a warning
+    to log (a step from before run ids; another run's, allowed), or ChecksumMismatch
+    (another run's)."""
+    if owner is None:
+        return None
+    recorded = seal.run_id if seal is not None else None
+    if recorded is None:
+        return (
+            f"checkpoint {path} records no run id (saved before boost_titan recorded "
+            "them): resumed as this checkpoint folder's own"
+        )
+    if recorded == owner:
+        return None
+    line = run_id.foreign_line(path, recorded, owner, folder, allow_foreign)
+    if allow_foreign:
+        return line
+    raise ChecksumMismatch(line)
+
+
+def _choose(
+    folder: str, failed: tuple[str, str] | None, owner: str | None = None, allow: bool = False
+) -> tuple:
+    """Rank 0: ``("ok", exists, step, [(line, moved)], newest, remark)`` (step -1: none
+    left; remark: a line to log about the chosen step, or None), or ``("refused" |
+    "error", line)``. ``owner``: the folder's run id (None: not checked); ``allow``:
+    ``[checkpoint] allow_foreign_steps``."""
     if failed is not None:  # the step that failed while loading: set aside first
         bad, path = failed
         try:
@@ -107,13 +132,14 @@ def _choose(folder: str, failed: tuple[str, str] | None) -> tuple:
     else:
         notes = []
     if not os.path.isdir(folder):
-        return ("ok", False, -1, notes, -1)
+        return ("ok", False, -1, notes, -1, None)
     steps = _complete_steps(folder)
     for n in steps:
         path = os.path.join(folder, f"step-{n}")
         try:
-            open_step(path, allow_link=False)  # a link here would be saved through
-            return ("ok", True, n, notes, steps[0])
+            opened = open_step(path, allow_link=False)  # a link here would be saved through
+            remark = _whose(path, opened.seal, folder, owner, allow)
+            return ("ok", True, n, notes, steps[0], remark)
         except ChecksumMismatch as e:
             try:
                 notes.append((str(e), _set_aside(path)))
@@ -121,7 +147,23 @@ def _choose(folder: str, failed: tuple[str, str] | None) -> tuple:
                 return ("error", f"{e}; it could not be set aside: {err}")
         except safe_metadata.UntrustedCheckpointError as e:
             return ("refused", str(e))
-    return ("ok", True, -1, notes, steps[0] if steps else -1)
+    return ("ok", True, -1, notes, steps[0] if steps else -1, None)
+
+
+def _named_whose(path: str, folder: str, owner: str | None, allow: bool) -> str | None:
+    """Rank 0, ``[checkpoint] load_step``: the line refusing another run's step (None:
+    it is the folder's, or it does not open: the load then fails on that line)."""
+    try:
+        seal = open_step(path, allow_link=False).seal
+    except (ChecksumMismatch, safe_metadata.UntrustedCheckpointError):
+        return None
+    try:
+        remark = _whose(path, seal, folder, owner, allow)
+    except ChecksumMismatch as e:
+        return str(e)
+    if remark:
+        logger.warning(remark)
+    return None
 
 
 def _reset_optimizer_state(checkpointer) -> None:
@@ -165,20 +207,25 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
     run's steps hold the same keys; a model-only step 0 resets the optimizer state."""
     # torchtitan sets initial_load_path only on an enabled manager
     named = getattr(checkpointer, "initial_load_path", None) or None
+    owner = getattr(checkpointer, "run_id", None)  # None: run ids not checked
+    allow = bool(getattr(checkpointer, "allow_foreign_steps", False))
     if step != -1 or not checkpointer.enable:
         if step != -1 and checkpointer.enable:
             named = checkpointer._create_checkpoint_id(step)
+            line = _on_rank0(lambda: _named_whose(named, checkpointer.folder, owner, allow))
+            if line is not None:
+                raise ChecksumMismatch(line)
         return _named(load, step, named)
     folder = checkpointer.folder
     failed: tuple[str, str] | None = None
     newest, set_aside, loads_failed = None, [], False
     while True:
-        outcome = _on_rank0(lambda f=failed: _choose(folder, f))
+        outcome = _on_rank0(lambda f=failed: _choose(folder, f, owner, allow))
         if outcome[0] == "refused":
             raise safe_metadata.UntrustedCheckpointError(outcome[1])
         if outcome[0] == "error":
             raise ChecksumMismatch(outcome[1])
-        _, exists, chosen, notes, newest_now = outcome
+        _, exists, chosen, notes, newest_now, remark = outcome
         if not exists:
             return _named(load, -1, named)  # torchtitan's initial_load_path / fresh start
         newest = newest_now if newest is None else newest
@@ -189,6 +236,8 @@ def load_past_corruption(checkpointer, load: Callable[[int], bool], step: int = 
                     f"{line}. Moved it to {moved}; resuming from step {chosen} instead: "
                     f"{newest - chosen} steps ({chosen + 1}-{newest}) are trained again"
                 )
+        if remark and _rank() == 0:  # (about the step chosen: after those set aside)
+            logger.warning(remark)
         if chosen < 0 and set_aside:
             line, moved = set_aside[-1]
             what = (

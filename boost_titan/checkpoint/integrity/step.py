@@ -5,8 +5,10 @@ read, and ``.metadata`` unpickled only once its bytes are verified.
 pre-check (``checkpoint.folder.states_held``), the data position check
 (``checkpoint.data_position.saved_layout``), every DCP load (``safe_metadata``'s
 ``read_metadata`` hook, installed by ``integrity.install``), ``verify`` and export all
-go through it, and a rank parses a step once (the result is kept while the files'
-identity and size stay the same). In order:
+go through it, and a rank parses a step once per load (the last step opened is kept,
+while its files' identity and size stay the same, until ``release`` at the end of the
+load: a step's parse is as large as its items). Each file of the step is checked once
+per open. In order:
 
 1. the folder is a real folder (a symbolic link in the dump folder is refused: it would
    load as a step it is not, and the next save of that step would write through it; a
@@ -38,7 +40,14 @@ from torch.distributed.checkpoint.metadata import Metadata
 from boost_titan.checkpoint import safe_metadata
 from boost_titan.checkpoint.integrity import legacy
 from boost_titan.checkpoint.integrity.blocks import NOT_LOADED, ChecksumMismatch, segment_digests
-from boost_titan.checkpoint.integrity.manifest import METADATA, NAME, SEAL, Seal, decode, key
+from boost_titan.checkpoint.integrity.manifest import (
+    METADATA,
+    NAME,
+    SEAL,
+    Seal,
+    decode,
+    gc_paused,
+)
 from boost_titan.checkpoint.integrity.manifest import step_of as _step_of_name
 
 HF_INDEX = "model.safetensors.index.json"
@@ -126,18 +135,29 @@ def read_regular(folder: str, name: str, tail: str = NOT_LOADED) -> bytes | None
         raise _problem(
             folder, f"is damaged: its {name} cannot be read ({e.strerror})", tail
         ) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # (before fdopen, which raises IsADirectoryError on a folder)
+        os.close(fd)
+        raise _problem(
+            folder, f"is refused: its {name} is a {_kind(mode)}, not a regular file", tail
+        )
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise _problem(
-                folder, f"is refused: its {name} is a {_kind(mode)}, not a regular file", tail
-            )
         try:
             return f.read()
         except OSError as e:
             raise _problem(
                 folder, f"is damaged: its {name} cannot be read ({e.strerror})", tail
             ) from None
+
+
+def _encodable(name: str) -> bool:
+    """Whether ``name`` can name a file (a lone surrogate cannot: the file system call
+    would raise UnicodeEncodeError)."""
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
@@ -156,23 +176,42 @@ def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
             "inside the step folder",
             tail,
         )
-    path = os.path.join(folder, relative)
-    real, base = os.path.realpath(path), os.path.realpath(folder)
-    if os.path.commonpath([real, base]) != base:
+    if not _encodable(relative):
         raise _problem(
             folder,
-            f"is refused: its metadata names {relative!r}, which resolves to {real}, outside "
-            "the step folder",
+            f"is refused: its metadata names the file {relative!r}, a name no file can have "
+            "(a lone surrogate)",
             tail,
         )
+    path = os.path.join(folder, relative)
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
     except OSError as e:
         raise _problem(
             folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
         ) from None
+    # one lstat suffices for a plain name that is no link (DCP's __R_0.distcp): it lies in
+    # the folder checked; a link, or a name through subfolders (a link among them), is
+    # resolved to be checked inside it
+    if stat.S_ISLNK(st.st_mode) or os.sep in relative:
+        real, base = os.path.realpath(path), os.path.realpath(folder)
+        if os.path.commonpath([real, base]) != base:
+            raise _problem(
+                folder,
+                f"is refused: its metadata names {relative!r}, which resolves to {real}, "
+                "outside the step folder",
+                tail,
+            )
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
+        except OSError as e:
+            raise _problem(
+                folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
+            ) from None
     if not stat.S_ISREG(st.st_mode):
         raise _problem(
             folder, f"is refused: {relative} is a {_kind(st.st_mode)}, not a regular file", tail
@@ -182,7 +221,8 @@ def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
 
 def _unpickle(folder: str, data: bytes, tail: str) -> Metadata:
     try:
-        metadata = safe_metadata.loads(data, folder)
+        with gc_paused():  # (millions of small objects: collections would only rescan them)
+            metadata = safe_metadata.loads(data, folder)
     except safe_metadata.UntrustedCheckpointError:
         raise
     except Exception as e:  # noqa: BLE001  (any damage: EOF, a bad opcode, a wrong arity)
@@ -208,10 +248,17 @@ def _check_files(folder: str, seal: Seal, tail: str) -> dict[str, int]:
     """The manifest's step is the folder's; every file it lists is a regular file
     inside the folder, of the size it records."""
     named = _step_of_name(os.path.basename(os.path.normpath(folder)))
-    if named is not None and seal.step is not None and named != seal.step:
+    # a manifest with no step (a save outside a step-N folder) names no step-N either:
+    # a null step must not let a step pass under any name
+    if named is not None and named != seal.step:
+        written = (
+            "no step (saved outside a step-N folder)"
+            if seal.step is None
+            else (f"step {seal.step}")
+        )
         raise _problem(
             folder,
-            f"is corrupted: its {NAME} was written for step {seal.step}, the folder is step "
+            f"is corrupted: its {NAME} was written for {written}, the folder is step "
             f"{named} (a step copied or linked under another step's name)",
             tail,
         )
@@ -253,10 +300,12 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
             f"is corrupted: {METADATA} lists {len(storage)} items, its {NAME} {len(seal.items)}",
             tail,
         )
+    items = seal.items
     for index, info in storage.items():
-        item = seal.items.get(key(index))
+        offset = getattr(index, "offset", None)  # (``key``, inline: once per item)
+        item = items.get((index.fqn, None if offset is None else tuple(offset)))
         where = (info.relative_path, info.offset, info.length)
-        if item is None or (item.file, item.offset, item.length) != where:
+        if item is None or item[2:5] != where:  # (file, offset, length)
             listed = (
                 "does not list it"
                 if item is None
@@ -281,8 +330,11 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
     return metadata
 
 
-def _check_items_within(folder: str, metadata: Metadata, tail: str) -> dict[str, int]:
-    sizes: dict[str, int] = {}
+def _check_items_within(
+    folder: str, metadata: Metadata, tail: str, sizes: dict[str, int]
+) -> dict[str, int]:
+    """Every file ``.metadata`` names checked (``member_size``, once: ``sizes`` holds
+    those checked already) and every item within its file."""
     for index, info in metadata.storage_data.items():
         relative = getattr(info, "relative_path", None)
         if relative not in sizes:
@@ -304,11 +356,20 @@ def _signature(path: str):
     return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
 
 
+# the step last opened, while its files stay the same: a resume opens its step several
+# times (rank 0's choice, DCP's read_metadata, the data position, the run id), and
+# ``release`` forgets it once the load is done (a step's parse is as large as its items)
 _parsed: dict[tuple, tuple[str, Seal | None, Metadata | None]] = {}
 
 
+def release() -> None:
+    """Keeps nothing parsed: called when a load finishes (``CheckpointManager.load``)."""
+    _parsed.clear()
+
+
 def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, str]:
-    """(trust, seal, metadata, format) of ``folder``, parsed once while its files stay."""
+    """(trust, seal, metadata, format) of ``folder``, parsed once while its files stay
+    (and until ``release``)."""
     cache_key = (
         os.path.realpath(folder),
         *(_signature(os.path.join(folder, n)) for n in (NAME, METADATA, METADATA + ".xxh3")),
@@ -355,8 +416,7 @@ def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, s
                     f"{legacy.SIDECAR_SUFFIX} (the checksum of {METADATA}) is missing",
                     tail,
                 )
-    if len(_parsed) >= 8:
-        _parsed.pop(next(iter(_parsed)))
+    _parsed.clear()
     _parsed[cache_key] = (trust, seal, metadata)
     return trust, seal, metadata, "hf" if metadata is None else "dcp"
 
@@ -370,9 +430,13 @@ def open_step(folder: str | os.PathLike, tail: str = NOT_LOADED, allow_link: boo
     folder = os.fspath(folder)
     check_folder(folder, tail, allow_link)
     trust, seal, metadata, fmt = _parse(folder, tail)
-    sizes = {} if seal is None else _check_files(folder, seal, tail)
-    if metadata is not None:
-        sizes.update(_check_items_within(folder, metadata, tail))
+    if seal is not None:
+        # every file checked once; a sealed step's items already lie where the manifest
+        # says (``_check_metadata``), within the sizes it records (``decode``), which are
+        # the files' (``_check_files``)
+        sizes = _check_files(folder, seal, tail)
+    else:
+        sizes = {} if metadata is None else _check_items_within(folder, metadata, tail, {})
     return Step(folder, fmt, trust, metadata, seal, sizes)
 
 
