@@ -104,6 +104,13 @@ def model_identity(args: LlamaArgs) -> dict[str, Any]:
         "norm_eps": args.norm_eps,
         "rope_theta": args.rope_theta,
     }
+    if args.rope_scaled:
+        ident.update(
+            rope_scaling_factor=args.rope_scaling_factor,
+            rope_low_freq_factor=args.rope_low_freq_factor,
+            rope_high_freq_factor=args.rope_high_freq_factor,
+            rope_original_max_positions=args.rope_original_max_positions,
+        )
     if args.low_rank:
         ident.update(
             rank=args.rank,
