@@ -219,7 +219,9 @@ def test_converted_cola_trains_under_tp2_with_the_first_loss_of_one_process(cola
 
     assert integrity.verify(out) == []  # `checkpoint verify`: every checksum
     assert_safe_metadata(out)  # .metadata reads through the allowlisted unpickler
-    load = ("--checkpoint.initial_load_path", str(out), "--debug.seed", "7")
+    # the step records its model (the dense eps 1e-5, not cola_llama2's 1e-6): named
+    load = ("--checkpoint.initial_load_path", str(out), "--model.flavor", str(out),
+            "--debug.seed", "7")  # fmt: skip
     one = run_training("debug_cola.toml", 1, tmp_path / "one", *COMMON, *load, *TWO_STEPS)
     tp2 = run_training("debug_cola_btp_tp2.toml", 2, tmp_path / "tp2", *COMMON, *load, *TWO_STEPS)
     for run in (one, tp2):
@@ -243,7 +245,7 @@ def test_llama2_dcp_converts_to_svd_and_trains_with_loro(corpus_dir, tmp_path):
     assert report["rank"] == 32 and not report["fit"] and report["calibration_tokens"] == 0
     run = run_training(
         "debug_svd_loro.toml", 1, tmp_path / "loro", *COMMON, *TWO_STEPS,
-        "--checkpoint.initial_load_path", str(out), "--boost.rank", "32",
+        "--checkpoint.initial_load_path", str(out), "--model.flavor", str(out),  # rank 32
         "--optimizer.loro_freq", "2",  # step 2 is an exact (manifold) step
     )  # fmt: skip
     losses = run.losses()
@@ -298,7 +300,7 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(hf_llama, tmp_path, capsy
     refused(["--from", str(hf_llama), "--tp", "2", "--rank", "63", "--boost.tp_plan", "vanilla"],
             "tensor_parallel_degree 2 does not divide rank of wq=63")  # fmt: skip
     refused(["--from", str(hf_llama), "--model.flavor", "60m"], "flavor '60m'",
-            "its shapes are flavor 'debugmodel'")  # fmt: skip
+            "dim 256 (flavor: 512)", "give --rank R")  # fmt: skip
     refused(["--from", str(hf_llama), "--model.name", "llama2"], "writes a low-rank model")
     if not torch.cuda.is_available():
         refused(["--from", str(hf_llama), "--device", "cuda"], "CUDA is not available")

@@ -205,3 +205,89 @@ def test_a_dense_folder_imports_at_its_shapes_and_exports_to_llama(corpus_dir, t
     err = rel(hf_logits(out, ids), hf_logits(src, ids))
     print(f"\nllama3.1: import -> export through llama2, rel. error {err:.2e}")
     assert err < 1e-6
+
+
+def test_a_converted_step_trains_under_btp_tp2_from_its_record(svd_step, tmp_path):
+    """The step names the model (--model.flavor STEP): GQA 8:2 heads split over 2 ranks,
+    the llama3 RoPE table at the run's sequence length, two optimizer steps."""
+    from helpers import run_training
+
+    run = run_training(
+        "debug_svd_btp_tp2.toml", 2, tmp_path / "tp2",
+        "--checkpoint.enable", "--validation.no-enable", "--metrics.no-enable-tensorboard",
+        "--training.steps", "2", "--training.mixed_precision_param", "float32",
+        "--checkpoint.initial_load_path", str(svd_step), "--model.flavor", str(svd_step),
+    )  # fmt: skip
+    assert f"Loaded checkpoint {svd_step} ([checkpoint] initial_load_path)" in run.output
+    losses = run.losses()
+    print(f"\nLlama-3.2-shaped SVD, BTP TP2: losses {losses}")
+    assert len(losses) == 2 and all(0 < x < 20 for x in losses)
+
+
+# ----------------------------------------------------------------------------- refusals
+def _one_line(capsys, run) -> str:
+    try:
+        rc = run()
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("note:")]
+    assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("attention_bias", True, "attention_bias = True"),
+        ("mlp_bias", True, "mlp_bias = True"),
+        ("hidden_act", "gelu", "hidden_act = 'gelu'"),
+        ("rope_parameters", {"rope_type": "yarn", "factor": 4.0}, "rope type 'yarn'"),
+    ],
+)
+def test_what_our_model_cannot_run_is_refused_naming_it(llama32, tmp_path, capsys, key, value,
+                                                        needle):  # fmt: skip
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    config = json.loads((llama32 / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    argv = ["--job.config_file", str(CONFIGS / "debug_svd.toml"), "--from", str(folder),
+            "--to", str(tmp_path / "step-0"), "--rank", "64"]  # fmt: skip
+    assert needle in _one_line(capsys, lambda: from_dense(*argv))
+    assert not (tmp_path / "step-0").exists()
+
+
+def test_a_step_loads_only_as_the_model_it_records(llama32, svd_step, tmp_path, capsys,
+                                                  monkeypatch):  # fmt: skip
+    from boost_titan.train.config_check import parse_config
+
+    cfg = str(CONFIGS / "debug_svd.toml")
+    # no rank: the folder's shapes are not the config flavor's, whose rank cannot apply
+    line = _one_line(capsys, lambda: from_dense("--job.config_file", cfg, "--from", str(llama32),
+                                                "--to", str(tmp_path / "s")))  # fmt: skip
+    assert "dim 128 (flavor: 256)" in line and "give --rank R" in line
+    # training from the step under the TOML's built-in flavor: refused at the launch
+    # checks (one process), naming the step
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="records another model than model 'svd_llama2' "
+                       "flavor 'debugmodel': dim 128 \\(config: 256\\)"):  # fmt: skip
+        parse_config(
+            [
+                "--job.config_file",
+                cfg,
+                "--job.dump_folder",
+                str(tmp_path / "run"),
+                "--checkpoint.enable",
+                "--checkpoint.initial_load_path",
+                str(svd_step),
+            ]
+        )
+
+    # the record names its architecture: another model name is refused
+    line = _one_line(capsys, lambda: _export(cfg, svd_step, tmp_path / "hf", "cola_llama2"))
+    assert "records a 'svd' model; [model] name 'cola_llama2' is 'cola'" in line
+
+
+def _export(cfg: str, step: Path, out: Path, name: str) -> None:
+    checkpoint_cli("export", "--format", "hf", "--job.config_file", cfg, "--from", str(step),
+                   "--to", str(out), "--model.name", name, "--model.flavor", str(step))  # fmt: skip

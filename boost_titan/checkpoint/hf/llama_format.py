@@ -147,7 +147,7 @@ def llama_args_from_config(config: dict[str, Any], fmt: str, tied_ok: bool = Fal
             f"{dim}: our attention needs head_dim = hidden_size / heads"
         )
     kv = config.get("num_key_value_heads") or heads
-    positions = config.get("max_position_embeddings", 2048)
+    positions = config.get("max_position_embeddings", 0)  # 0: the config does not say
     return LlamaArgs(
         dim=dim,
         n_layers=config["num_hidden_layers"],
@@ -156,7 +156,7 @@ def llama_args_from_config(config: dict[str, Any], fmt: str, tied_ok: bool = Fal
         vocab_size=config["vocab_size"],
         ffn_dim=config["intermediate_size"],
         norm_eps=config.get("rms_norm_eps", 1e-6),
-        max_seq_len=positions,
+        max_seq_len=positions or 2048,
         max_positions=positions,
         **rope_args(config),
     )
