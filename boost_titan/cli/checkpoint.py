@@ -140,8 +140,8 @@ def build_parser(command: str) -> Parser:
         "--hf-layout",
         choices=["boost", "llama", "cola"],
         help=only_export(
-            "--format hf: the folder's layout (default: llama for llama2, cola for "
-            "cola_llama2 where available, else boost)"
+            "--format hf: the folder's layout (default: llama for llama2, boost for the "
+            "low-rank models; cola: the CoLA authors' ColaForCausalLM, their code needed)"
         ),
     )
     p.add_argument(
