@@ -31,6 +31,7 @@ import pytest
 import torch
 from helpers import REPO_ROOT, assert_safe_metadata, run_main, run_training
 
+from boost_titan.checkpoint.from_dense.continue_training import CONTINUE_WARMUP, continue_lr
 from boost_titan.checkpoint.from_dense.convert import Converter, Options, projection_path
 from boost_titan.checkpoint.from_dense.source import StateDictSource
 from boost_titan.checkpoint.from_dense.stream import write_lazily
@@ -196,6 +197,14 @@ def cola_from_hf(hf_llama, corpus_dir, tmp_path_factory) -> tuple[Path, dict]:
                        "--calib-sequences", "8", "--calib-seq-len", "128",
                        config="debug_cola.toml")  # fmt: skip
     assert "relative activation error" in proc.stdout and f"wrote {out}" in proc.stdout
+    # the last line: how to train on from it, at the recommended learning rate and warm-up
+    lr, warmup = f"{continue_lr(3e-3):.3g}", CONTINUE_WARMUP  # the debug configs' lr 3e-3
+    assert proc.stdout.rstrip().splitlines()[-1] == (
+        f"  CONFIG_FILE={CONFIGS / 'debug_cola.toml'} NGPU=1 ./run_train.sh --model.flavor "
+        f"{out} --checkpoint.enable --checkpoint.initial_load_path {out} --optimizer.lr {lr} "
+        f"--lr_scheduler.warmup_steps {warmup}"
+    )
+    assert "the data starts from its first window" in proc.stdout
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     return out, report
 
@@ -241,6 +250,7 @@ def test_llama2_dcp_converts_to_svd_and_trains_with_loro(corpus_dir, tmp_path):
     proc = _from_dense("--from", str(src), "--to", str(out), "--rank", "32",
                        config="debug_svd_loro.toml")  # fmt: skip
     assert "plain SVD" in proc.stdout and "activation error" not in proc.stdout
+    assert "the data restarts from its first window: the dense run's first" in proc.stdout
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     assert report["rank"] == 32 and not report["fit"] and report["calibration_tokens"] == 0
     run = run_training(

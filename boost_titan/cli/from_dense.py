@@ -13,7 +13,9 @@ dense model's own, every one (``boost_titan.checkpoint.from_dense.target``), its
 ``--rank`` / ``--kv-rank`` (shorthands for ``--boost.rank`` / ``--boost.kv_rank``), else
 the flavor's when the dense model has the flavor's shapes. The step records the model
 (``OUT/model_args.json``): train, resume and export it with ``--model.flavor OUT`` (and
-``--checkpoint.initial_load_path OUT``), no rank repeated.
+``--checkpoint.initial_load_path OUT``), no rank repeated. The last line it prints is that
+training command, with the learning rate and warm-up recommended for a converted model
+(``boost_titan.checkpoint.from_dense.continue_training``).
 
 Checks come first, each failing in one line (exit 1; a bad option: exit 2) before
 anything is written: a folder that is not a dense LLaMA, a rank outside [1, min(in,
@@ -40,9 +42,10 @@ from pathlib import Path
 
 import torch
 
+from boost_titan.checkpoint.from_dense.continue_training import continue_command, world_size
 from boost_titan.checkpoint.from_dense.convert import Converter, Options
 from boost_titan.checkpoint.from_dense.report import Progress, tables
-from boost_titan.checkpoint.from_dense.source import open_source
+from boost_titan.checkpoint.from_dense.source import DCPSource, open_source
 from boost_titan.checkpoint.from_dense.stream import write_lazily
 from boost_titan.checkpoint.from_dense.target import target_args
 from boost_titan.cli.args import Parser
@@ -347,4 +350,6 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
         f"{report['seconds']:.1f} s, peak RSS {report['peak_rss_gib']:.2f} GiB; "
         f"report {report_path}"
     )
+    lr, ngpu = job_config.optimizer.lr, world_size(job_config.parallelism)
+    print(continue_command(o.config_file, str(out), lr, ngpu, isinstance(source, DCPSource)))
     return 0
