@@ -18,7 +18,7 @@ lr 3e-3, 4 warmup steps then linear decay to 0 over the run, seed 42), validated
     SVD, activation-aware for CoLA and LaX) to each low-rank model at each of ``--ranks``,
     then trained the other half of the token budget with the settings ``from-dense``
     recommends for training on (``boost_titan.checkpoint.from_dense.continue_training``: lr
-    0.1 x the config's, 20 warmup steps, then linear decay to 0; the optimizer state starts
+    the config's / 3, 20 warmup steps, then linear decay to 0; the optimizer state starts
     afresh); LORO from the converted SVD model.
 
 Training FLOPs are the models' own count (``LlamaArgs.flops_per_token``: 6 x the GEMMs
