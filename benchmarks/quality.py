@@ -82,12 +82,13 @@ def train_cmd(run: Run, o, dump: Path) -> list[str]:
     cmd = [
         "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "boost_titan.train",
         "--job.config_file", f"train_configs/{run.config}", "--job.dump_folder", str(dump),
-        "--model.flavor", o.flavor, "--training.steps", str(run.steps),
+        # a converted step records its model (the dense eps, ranks): the run names it
+        "--model.flavor", run.init or o.flavor, "--training.steps", str(run.steps),
         "--debug.seed", str(run.seed), "--validation.freq", str(o.val_freq),
         "--validation.steps", str(o.val_steps), "--metrics.disable_color_printing",
         "--boost.profile_freq", "0",
     ]  # fmt: skip
-    if run.rank is not None:
+    if run.rank is not None and run.init is None:
         cmd += ["--boost.rank", str(run.rank)]
     if run.model == "llama2" and run.seed == SEEDS[0]:  # the step the conversions start from
         cmd += ["--checkpoint.enable", "--checkpoint.interval", str(o.steps // 2)]
