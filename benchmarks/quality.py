@@ -16,9 +16,10 @@ lr 3e-3, 4 warmup steps then linear decay to 0 over the run, seed 42), validated
     weights at the flavor's rank, ``--steps`` steps (CoLA at seeds 42 and 43 too);
 (c) the dense seed-42 run's step ``--steps``/2 converted (the default fit: plain SVD for
     SVD, activation-aware for CoLA and LaX) to each low-rank model at each of ``--ranks``,
-    then trained the other half of the token budget on the rest of the dense run's
-    schedule: its learning rate at that step (``continued_lr``) decayed linearly to 0, after
-    4 warmup steps (the optimizer state starts afresh); LORO from the converted SVD model.
+    then trained the other half of the token budget with the settings ``from-dense``
+    recommends for training on (``boost_titan.checkpoint.from_dense.continue_training``: lr
+    the config's / 3, 20 warmup steps, then linear decay to 0; the optimizer state starts
+    afresh); LORO from the converted SVD model.
 
 Training FLOPs are the models' own count (``LlamaArgs.flops_per_token``: 6 x the GEMMs
 they run, plus attention), times the tokens trained; a converted run carries the dense
@@ -40,6 +41,8 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from boost_titan.checkpoint.from_dense.continue_training import CONTINUE_WARMUP, continue_lr
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = (42, 43)
@@ -79,32 +82,31 @@ def train_cmd(run: Run, o, dump: Path) -> list[str]:
     cmd = [
         "-m", "torch.distributed.run", "--nproc-per-node", "1", "-m", "boost_titan.train",
         "--job.config_file", f"train_configs/{run.config}", "--job.dump_folder", str(dump),
-        "--model.flavor", o.flavor, "--training.steps", str(run.steps),
+        # a converted step records its model (the dense eps, ranks): the run names it
+        "--model.flavor", run.init or o.flavor, "--training.steps", str(run.steps),
         "--debug.seed", str(run.seed), "--validation.freq", str(o.val_freq),
         "--validation.steps", str(o.val_steps), "--metrics.disable_color_printing",
         "--boost.profile_freq", "0",
     ]  # fmt: skip
-    if run.rank is not None:
+    if run.rank is not None and run.init is None:
         cmd += ["--boost.rank", str(run.rank)]
     if run.model == "llama2" and run.seed == SEEDS[0]:  # the step the conversions start from
         cmd += ["--checkpoint.enable", "--checkpoint.interval", str(o.steps // 2)]
         cmd += ["--checkpoint.keep_latest_k", "0"]
     if run.init is not None:
-        cmd += ["--optimizer.lr", f"{continued_lr(o.steps):.6g}"]
+        cmd += ["--optimizer.lr", f"{continue_lr(_config_lr()):.6g}"]
+        cmd += ["--lr_scheduler.warmup_steps", str(CONTINUE_WARMUP)]
         cmd += ["--checkpoint.enable", "--checkpoint.initial_load_path", run.init]
         cmd += ["--checkpoint.interval", str(run.steps), "--checkpoint.last_save_model_only"]
     return cmd + run.extra
 
 
-def continued_lr(steps: int) -> float:
-    """The dense run's learning rate at its step ``steps // 2``: torchtitan's linear warmup
-    and linear decay to 0 (``lr_scheduler`` defaults) with the debug configs' lr and
-    warmup (train_configs/base/debug.toml)."""
+def _config_lr() -> float:
+    """The debug configs' learning rate (train_configs/base/debug.toml)."""
     import tomllib
 
     base = tomllib.loads((REPO / "train_configs" / "base" / "debug.toml").read_text())
-    lr, warmup = base["optimizer"]["lr"], base["lr_scheduler"]["warmup_steps"]
-    return lr * (1 - (steps // 2 + 1 - warmup) / (steps - warmup))
+    return base["optimizer"]["lr"]
 
 
 def curves(log: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:

@@ -31,6 +31,7 @@ import pytest
 import torch
 from helpers import REPO_ROOT, assert_safe_metadata, run_main, run_training
 
+from boost_titan.checkpoint.from_dense.continue_training import CONTINUE_WARMUP, continue_lr
 from boost_titan.checkpoint.from_dense.convert import Converter, Options, projection_path
 from boost_titan.checkpoint.from_dense.source import StateDictSource
 from boost_titan.checkpoint.from_dense.stream import write_lazily
@@ -196,6 +197,14 @@ def cola_from_hf(hf_llama, corpus_dir, tmp_path_factory) -> tuple[Path, dict]:
                        "--calib-sequences", "8", "--calib-seq-len", "128",
                        config="debug_cola.toml")  # fmt: skip
     assert "relative activation error" in proc.stdout and f"wrote {out}" in proc.stdout
+    # the last line: how to train on from it, at the recommended learning rate and warm-up
+    lr, warmup = f"{continue_lr(3e-3):.3g}", CONTINUE_WARMUP  # the debug configs' lr 3e-3
+    assert proc.stdout.rstrip().splitlines()[-1] == (
+        f"  CONFIG_FILE={CONFIGS / 'debug_cola.toml'} NGPU=1 ./run_train.sh --model.flavor "
+        f"{out} --checkpoint.enable --checkpoint.initial_load_path {out} --optimizer.lr {lr} "
+        f"--lr_scheduler.warmup_steps {warmup}"
+    )
+    assert "the data starts from its first window" in proc.stdout
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     return out, report
 
@@ -219,7 +228,9 @@ def test_converted_cola_trains_under_tp2_with_the_first_loss_of_one_process(cola
 
     assert integrity.verify(out) == []  # `checkpoint verify`: every checksum
     assert_safe_metadata(out)  # .metadata reads through the allowlisted unpickler
-    load = ("--checkpoint.initial_load_path", str(out), "--debug.seed", "7")
+    # the step records its model (the dense eps 1e-5, not cola_llama2's 1e-6): named
+    load = ("--checkpoint.initial_load_path", str(out), "--model.flavor", str(out),
+            "--debug.seed", "7")  # fmt: skip
     one = run_training("debug_cola.toml", 1, tmp_path / "one", *COMMON, *load, *TWO_STEPS)
     tp2 = run_training("debug_cola_btp_tp2.toml", 2, tmp_path / "tp2", *COMMON, *load, *TWO_STEPS)
     for run in (one, tp2):
@@ -239,11 +250,12 @@ def test_llama2_dcp_converts_to_svd_and_trains_with_loro(corpus_dir, tmp_path):
     proc = _from_dense("--from", str(src), "--to", str(out), "--rank", "32",
                        config="debug_svd_loro.toml")  # fmt: skip
     assert "plain SVD" in proc.stdout and "activation error" not in proc.stdout
+    assert "the data restarts from its first window, so the dense run's" in proc.stdout
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     assert report["rank"] == 32 and not report["fit"] and report["calibration_tokens"] == 0
     run = run_training(
         "debug_svd_loro.toml", 1, tmp_path / "loro", *COMMON, *TWO_STEPS,
-        "--checkpoint.initial_load_path", str(out), "--boost.rank", "32",
+        "--checkpoint.initial_load_path", str(out), "--model.flavor", str(out),  # rank 32
         "--optimizer.loro_freq", "2",  # step 2 is an exact (manifold) step
     )  # fmt: skip
     losses = run.losses()
@@ -298,7 +310,7 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(hf_llama, tmp_path, capsy
     refused(["--from", str(hf_llama), "--tp", "2", "--rank", "63", "--boost.tp_plan", "vanilla"],
             "tensor_parallel_degree 2 does not divide rank of wq=63")  # fmt: skip
     refused(["--from", str(hf_llama), "--model.flavor", "60m"], "flavor '60m'",
-            "its shapes are flavor 'debugmodel'")  # fmt: skip
+            "dim 256 (flavor: 512)", "give --rank R")  # fmt: skip
     refused(["--from", str(hf_llama), "--model.name", "llama2"], "writes a low-rank model")
     if not torch.cuda.is_available():
         refused(["--from", str(hf_llama), "--device", "cuda"], "CUDA is not available")

@@ -114,7 +114,11 @@ def test_hf_save_under_tp2_is_the_seed_through_the_layout(hf_save, layout):
     for name, t in want.items():
         assert saved[name].dtype == torch.float32 and torch.equal(saved[name], t), name
     config = json.loads((step / "config.json").read_text())
-    assert fmt.args_from_config(config) == args and config["torch_dtype"] == "float32"
+    assert (
+        # max_position_embeddings reads back as the weights' context
+        fmt.args_from_config(config) == args.with_overrides(max_positions=256)
+        and config["torch_dtype"] == "float32"
+    )
     if layout == "llama":  # the step folder is a transformers checkpoint as it stands
         from transformers import LlamaForCausalLM
 

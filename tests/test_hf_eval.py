@@ -68,6 +68,11 @@ def test_lm_eval_perplexity_equals_the_trainers_model(tmp_path, corpus_dir):
     assert "nats/token" in proc.stdout and "byte_perplexity" in proc.stdout
     # the wrapper trusts the folder's code (it asked for it): transformers never prompts
     assert "Do you wish to run the custom code" not in proc.stdout + proc.stderr
+    # the result and little else: no progress bars (lm-eval opens one per document), no
+    # "Token indices sequence length" warnings, no informational logging
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert len(lines) < 20, "\n".join(lines[:40])
+    assert "Token indices sequence length" not in proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     metrics = result["results"]["boost_corpus_ppl_held_out"]
 

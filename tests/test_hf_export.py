@@ -242,15 +242,13 @@ def _identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 @pytest.fixture(scope="module")
 def exported(seed_checkpoint, tmp_path_factory):
-    """The debug_cola seed checkpoint exported (boost layout), imported back to DCP and
-    exported again; plus a bf16 export sharded at 1MB."""
+    """The debug_cola seed checkpoint exported (no --hf-layout: the default, boost),
+    imported back to DCP and exported again; plus a bf16 export sharded at 1MB."""
     root = tmp_path_factory.mktemp("hf")
     seed = seed_checkpoint("debug_cola.toml")
     first, again = root / "first", root / "again"
     imported = root / "imported" / "step-0"
-    _cli(
-        "export", "--format", "hf", "--hf-layout", "boost", "--from", str(seed), "--to", str(first)
-    )
+    _cli("export", "--format", "hf", "--from", str(seed), "--to", str(first))
     _cli("import", "--format", "hf", "--from", str(first), "--to", str(imported))
     _cli(
         "export",
@@ -298,6 +296,43 @@ def test_hf_dcp_hf_round_trip_is_bitwise(exported):
     for p in first.iterdir():
         assert oct(p.stat().st_mode & 0o777) == oct(0o666 & ~umask), p
     assert not [p for p in exported["root"].iterdir() if p.name.endswith(".tmp")]
+
+
+# the default export of a CoLA model, opened as a user would: transformers alone, offline,
+# stdin closed (a trust_remote_code prompt would print "[y/N]" and read EOF)
+_OPEN_DEFAULT = r"""
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+folder = sys.argv[1]
+model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+plain = PreTrainedTokenizerFast.from_pretrained(folder)  # no flag: no config.json read
+ids = tok("The history of the city", return_tensors="pt").input_ids
+assert plain("The history of the city")["input_ids"] == ids[0].tolist()
+out = model.generate(ids, max_new_tokens=4, do_sample=False)
+print("OPENED", type(model).__name__, type(tok).__name__, out.shape[1] - ids.shape[1])
+"""
+
+
+def test_default_cola_export_opens_with_auto_classes(exported, tmp_path):
+    """A CoLA export without --hf-layout is the boost layout (the authors' layout needs
+    their code), which AutoModelForCausalLM opens with trust_remote_code, and whose
+    tokenizer loads without a prompt."""
+    assert read_hf_config(exported["first"])["model_type"] == "boost_llama"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _OPEN_DEFAULT, str(exported["first"])],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "OPENED BoostLlamaForCausalLM" in proc.stdout and proc.stdout.rstrip().endswith(" 4")
+    assert "[y/N]" not in proc.stdout + proc.stderr
 
 
 def test_bf16_export_is_sharded_with_an_index(exported):

@@ -24,6 +24,7 @@ not ours to ship, so this file does not run it. Instead:
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,10 +96,11 @@ def test_llama_logits_match_transformers(kv):
     with torch.no_grad():
         assert (hf(tokens()).logits - want).abs().max() > 1e-2
     assert_bitwise_round_trip(LLAMA, sd, args)
-    assert LLAMA.args_from_config(cfg) == args
+    # the config's max_position_embeddings is read as the weights' context
+    assert LLAMA.args_from_config(cfg) == replace(args, max_positions=SEQ)
     # transformers reads back the same config
     again = transformers.LlamaConfig(**cfg).to_dict()
-    assert LLAMA.args_from_config(again) == args
+    assert LLAMA.args_from_config(again) == replace(args, max_positions=SEQ)
 
 
 def test_llama_refusals():
@@ -110,7 +112,9 @@ def test_llama_refusals():
         LLAMA.from_hf({"model.layers.9.mlp.gate_proj.weight": torch.zeros(96, 64)}, args)
     with pytest.raises(HFFormatError, match="holds architectures \\['dense'\\], not 'cola'"):
         LLAMA.config(tiny_cola(True))
-    with pytest.raises(HFFormatError, match="rope type 'llama3'"):
+    with pytest.raises(HFFormatError, match="rope type 'yarn'"):
+        LLAMA.args_from_config({**LLAMA.config(args), "rope_parameters": {"rope_type": "yarn"}})
+    with pytest.raises(HFFormatError, match="llama3 rope scaling lacks \\['factor'"):
         LLAMA.args_from_config({**LLAMA.config(args), "rope_parameters": {"rope_type": "llama3"}})
     with pytest.raises(HFFormatError, match="missing \\['lm_head.weight'\\]"):
         LLAMA.check_complete([n for n in LLAMA.hf_shapes(args) if n != "lm_head.weight"], args)
@@ -165,7 +169,7 @@ def test_cola_logits_match_reference(swiglu):
     with torch.no_grad():
         assert (cola_reference(plain, cfg)(tokens()).logits - want).abs().max() > 1e-2
     assert_bitwise_round_trip(COLA, sd, args)
-    assert COLA.args_from_config(cfg) == args
+    assert COLA.args_from_config(cfg) == replace(args, max_positions=SEQ)
 
 
 def test_cola_names_and_shapes_are_the_authors():

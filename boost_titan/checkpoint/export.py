@@ -37,6 +37,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from boost_titan.checkpoint.files import new_tmp, open_safetensors
+from boost_titan.checkpoint.model_args import check_recorded
 
 FORMAT = "boost_titan/1"
 
@@ -157,6 +158,7 @@ def export_safetensors(
     from safetensors.torch import save_file
 
     args, model = model_for(job_config)
+    check_recorded(checkpoint_dir, args, model_desc(job_config))
     state = read_dcp_model(checkpoint_dir, expected_tensors(model), model_desc(job_config))
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
@@ -218,8 +220,9 @@ def import_safetensors(job_config, path: str, out_dir: str) -> Path:
     return write_dcp_model(state, out)
 
 
-def write_dcp_model(state: dict[str, torch.Tensor], out: Path) -> Path:
-    """A model-only DCP checkpoint folder at ``out`` (which must not exist), atomically."""
+def write_dcp_model(state: dict[str, torch.Tensor], out: Path, args=None) -> Path:
+    """A model-only DCP checkpoint folder at ``out`` (which must not exist), atomically;
+    with ``args`` (LlamaArgs) it records them (``model_args.json``: ``--model.flavor OUT``)."""
     if out.exists():
         raise FileExistsError(f"{str(out)!r} exists; import writes a new checkpoint folder")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -227,6 +230,10 @@ def write_dcp_model(state: dict[str, torch.Tensor], out: Path) -> Path:
     try:
         with _without_process_group():
             dcp.save(state, checkpoint_id=str(tmp), no_dist=True)
+        if args is not None:
+            from boost_titan.models.recorded import write_model_args
+
+            write_model_args(tmp, args)
         os.replace(tmp, out)
     finally:
         if tmp.exists():

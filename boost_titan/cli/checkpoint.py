@@ -30,6 +30,7 @@ user writes (0644 files, 0755 folders under umask 022).
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 
 import torch
@@ -139,8 +140,8 @@ def build_parser(command: str) -> Parser:
         "--hf-layout",
         choices=["boost", "llama", "cola"],
         help=only_export(
-            "--format hf: the folder's layout (default: llama for llama2, cola for "
-            "cola_llama2 where available, else boost)"
+            "--format hf: the folder's layout (default: llama for llama2, boost for the "
+            "low-rank models; cola: the CoLA authors' ColaForCausalLM, their code needed)"
         ),
     )
     p.add_argument(
@@ -149,6 +150,17 @@ def build_parser(command: str) -> Parser:
         help=only_export("--format hf: largest safetensors file before sharding (default 5GB)"),
     )
     return p
+
+
+def _recorded_flavor(src: str) -> list[str]:
+    """A step that records its model (from-dense, import) is exported as that model:
+    ``--model.flavor STEP``, unless the command line names a flavor."""
+    from boost_titan.models.recorded import MODEL_ARGS_FILE
+
+    if os.path.isfile(os.path.join(src, MODEL_ARGS_FILE)):
+        path = src.rstrip("/")
+        return ["--model.flavor", path if "/" in path else f"./{path}"]  # a path flavor
+    return []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     if ours.hf_layout and (ours.format != "hf" or command != "export"):
         p.error("--hf-layout applies to export --format hf only")
     rest = ["--job.config_file", ours.config_file, *rest]
+    if command == "export" and not any(a.startswith("--model.flavor") for a in rest):
+        rest += _recorded_flavor(ours.src)
     try:
         job_config = parse_config(rest, layout=False)  # the model only: any layout fits
         if ours.format == "hf":

@@ -116,6 +116,47 @@ def _check_model_dir(model: str) -> None:
         )
 
 
+def quiet() -> None:
+    """Progress bars and informational logging off (lm-eval's, ``datasets``',
+    ``transformers``' and ``huggingface_hub``'s, tqdm's; transformers' "Token indices sequence
+    length is longer than ..." warning: lm-eval windows long documents itself): what is left
+    is the result and any error. Environment variables first (read when each library is
+    imported), then the libraries' own switches for those already imported."""
+    import logging
+
+    for var, value in (
+        ("TQDM_DISABLE", "1"),  # tqdm >= 4.66 takes its defaults from TQDM_* variables
+        ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+        ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("DATASETS_VERBOSITY", "error"),
+        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+    ):
+        os.environ.setdefault(var, value)
+    for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import tqdm
+
+    # lm-eval passes its bars an explicit ``disable=`` (which TQDM_DISABLE does not
+    # override) and opens one per document's rolling windows: every bar is off here
+    if not getattr(tqdm.std.tqdm.__init__, "_boost_quiet", False):
+        init = tqdm.std.tqdm.__init__
+
+        def disabled(self, *args, **kwargs):
+            kwargs["disable"] = True
+            init(self, *args, **kwargs)
+
+        disabled._boost_quiet = True
+        tqdm.std.tqdm.__init__ = disabled
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
 def evaluate(
     model: str,
     tasks: list[str | dict[str, Any]],
@@ -155,8 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", help="default: cuda when available, else cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--output", help="write lm-eval's results (and the conversion) as JSON")
+    p.add_argument(
+        "--verbose", action="store_true", help="keep lm-eval's, datasets' and transformers' "
+        "logging and progress bars (default: the result and errors only)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     _check_model_dir(a.model)
+    if not a.verbose:
+        quiet()
 
     tasks: list[str | dict[str, Any]] = []
     ppl = None

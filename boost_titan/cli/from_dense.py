@@ -7,11 +7,15 @@
 
 ``DENSE`` is a Hugging Face ``LlamaForCausalLM`` folder or a ``llama2`` DCP step folder
 (``boost_titan.checkpoint.from_dense.source``). The config arguments (``--job.config_file``,
-``--model.name``, ``--model.flavor``, ``--boost.*``) define the model written, as for
-``import``: ``svd_llama2``, ``cola_llama2`` or ``lax_llama2`` at the flavor's ranks, or
-``--rank`` / ``--kv-rank`` (shorthands for ``--boost.rank`` / ``--boost.kv_rank``); the
-dense model must have the flavor's shapes. Train from the result with the same config
-and ``--checkpoint.initial_load_path OUT`` (any layout).
+``--model.name``, ``--model.flavor``, ``--boost.*``) pick the architecture written
+(``svd_llama2``, ``cola_llama2`` or ``lax_llama2``) and its options; its shapes are the
+dense model's own, every one (``boost_titan.checkpoint.from_dense.target``), its rank
+``--rank`` / ``--kv-rank`` (shorthands for ``--boost.rank`` / ``--boost.kv_rank``), else
+the flavor's when the dense model has the flavor's shapes. The step records the model
+(``OUT/model_args.json``): train, resume and export it with ``--model.flavor OUT`` (and
+``--checkpoint.initial_load_path OUT``), no rank repeated. The last line it prints is that
+training command, with the learning rate and warm-up recommended for a converted model
+(``boost_titan.checkpoint.from_dense.continue_training``).
 
 Checks come first, each failing in one line (exit 1; a bad option: exit 2) before
 anything is written: a folder that is not a dense LLaMA, a rank outside [1, min(in,
@@ -38,20 +42,26 @@ from pathlib import Path
 
 import torch
 
+from boost_titan.checkpoint.from_dense.continue_training import continue_command, world_size
 from boost_titan.checkpoint.from_dense.convert import Converter, Options
 from boost_titan.checkpoint.from_dense.report import Progress, tables
-from boost_titan.checkpoint.from_dense.source import open_source
+from boost_titan.checkpoint.from_dense.source import DCPSource, open_source
 from boost_titan.checkpoint.from_dense.stream import write_lazily
+from boost_titan.checkpoint.from_dense.target import target_args
 from boost_titan.cli.args import Parser
 from boost_titan.data.calibration import RANDOM, calibration_tokens
 from boost_titan.models.args import LlamaArgs
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
+from boost_titan.models.recorded import (
+    args_record,
+    read_model_args,
+    record_path,
+    write_model_args,
+)
 
 PROG = "boost-titan checkpoint from-dense"
 LOW_RANK_MODELS = sorted(k for k, v in MODEL_ARCH.items() if v != "dense")
 _SVD_DTYPES = {"float64": torch.float64, "float32": torch.float32}
-# what must agree between the dense model and the flavor the low-rank one is trained at
-_SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "vocab_size", "rope_theta")
 
 
 def build_parser() -> Parser:
@@ -146,25 +156,18 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def _matching_flavor(args: LlamaArgs) -> str | None:
-    for name, f in flavors_for("dense").items():
-        if all(getattr(f, k) == getattr(args, k) for k in _SHAPE_FIELDS):
-            return name
-    return None
-
-
-def check_same_shapes(dense: LlamaArgs, target: LlamaArgs, where: str, model_desc: str) -> None:
-    diff = [
-        f"{k} {getattr(dense, k)} (config: {getattr(target, k)})"
-        for k in _SHAPE_FIELDS
-        if getattr(dense, k) != getattr(target, k)
-    ]
-    if diff:
-        match = _matching_flavor(dense)
-        hint = f"; its shapes are flavor {match!r}: --model.flavor {match}" if match else ""
-        raise ValueError(
-            f"{where} does not have the shapes of {model_desc}: {', '.join(diff)}{hint}"
-        )
+def _dcp_args(src: str, flavor: str, flavor_args: LlamaArgs) -> LlamaArgs:
+    """A DCP step's dense shapes: its recorded model arguments (a step ``import`` wrote),
+    else the config's flavor as llama2 (the trainer's steps record none)."""
+    record = record_path(src)
+    if record is not None and Path(src).is_dir():
+        args = read_model_args(record)
+        if args.arch == "dense":
+            return replace(args, max_seq_len=flavor_args.max_seq_len)
+    dense = flavors_for("dense").get(flavor)
+    if dense is None:  # a flavor path: its shapes, as the dense model
+        dense = replace(flavor_args, arch="dense", rank=0, kv_rank=0)
+    return replace(dense, max_seq_len=flavor_args.max_seq_len)
 
 
 def check_tp(target: LlamaArgs, tp: int, plan_requested: str) -> str:
@@ -250,11 +253,10 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
         raise ValueError(
             f"[model] name {name!r}: from-dense writes a low-rank model, one of {LOW_RANK_MODELS}"
         )
-    target, _ = model_for(job_config)
+    flavor_args, _ = model_for(job_config)
     model_desc = f"model {name!r} flavor {flavor!r}"
-    dense_flavor = replace(flavors_for("dense")[flavor], max_seq_len=target.max_seq_len)
-    source = open_source(o.src, dense_flavor)
-    check_same_shapes(source.args, target, source.where, model_desc)
+    source = open_source(o.src, _dcp_args(o.src, flavor, flavor_args))
+    target = target_args(source.args, flavor_args, job_config.boost, source.where, model_desc)
     tp = o.tp or job_config.parallelism.tensor_parallel_degree
     plan = check_tp(target, tp, job_config.boost.tp_plan)
 
@@ -266,11 +268,6 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
     if n_seq and held >= n_seq:
         raise ValueError(f"--heldout {held} leaves no calibration sequence of {n_seq} to fit")
     notes = []
-    if source.args.norm_eps != target.norm_eps:
-        notes.append(
-            f"RMSNorm eps: the dense model's {source.args.norm_eps:g}, {name}'s "
-            f"{target.norm_eps:g} (its flavors'); the norm weights are copied"
-        )
     if target.arch == "lax" and not fit:
         notes.append(
             "LaX without the fit: the latent LayerNorm of blocks >= 1 rescales the SVD "
@@ -309,12 +306,14 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
         tmp_report = report_path.parent / f".{report_path.name}.tmp"
         try:
             write_lazily(tmp, converter.shapes, converter.get)
+            write_model_args(tmp, target)  # what later runs read: --model.flavor OUT
             progress.close()
             report = {
                 "source": str(Path(o.src).resolve()),
                 "output": str(out.resolve()),
                 "model": name,
                 "flavor": flavor,
+                "model_args": args_record(target)["model_args"],
                 "arch": target.arch,
                 "rank": target.rank,
                 "kv_rank": target.effective_kv_rank,
@@ -345,9 +344,12 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
                 tmp_report.unlink()
     print(tables(report))
     print(
-        f"wrote {out} ({name} flavor {flavor}, rank {target.rank}, kv rank "
-        f"{target.effective_kv_rank}; {'fitted' if fit else 'plain SVD'}) in "
+        f"wrote {out} ({name} at the dense model's shapes, rank {target.rank}, kv rank "
+        f"{target.effective_kv_rank}; {'fitted' if fit else 'plain SVD'}; its model: "
+        f"--model.flavor {out}) in "
         f"{report['seconds']:.1f} s, peak RSS {report['peak_rss_gib']:.2f} GiB; "
         f"report {report_path}"
     )
+    lr, ngpu = job_config.optimizer.lr, world_size(job_config.parallelism)
+    print(continue_command(o.config_file, str(out), lr, ngpu, isinstance(source, DCPSource)))
     return 0

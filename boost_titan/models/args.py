@@ -33,6 +33,15 @@ class LlamaArgs(BaseModelArgs):
     ffn_dim: int = 11008
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Llama 3.1's "llama3" rope_scaling (torchtitan's RoPEScalingArgs); factor 1 is
+    # LLaMA-2's unscaled RoPE
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
+    max_positions: int = 0
+    """The context the weights were trained for (HF ``max_position_embeddings``), written
+    back by exports; 0: unknown (exports write the run's ``max_seq_len``)."""
     max_seq_len: int = 4096
     depth_init: bool = True
     # torchtitan's llama3 Attention reads these two.
@@ -66,6 +75,15 @@ class LlamaArgs(BaseModelArgs):
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def rope_scaled(self) -> bool:
+        return self.rope_scaling_factor != 1.0
+
+    @property
+    def context_length(self) -> int:
+        """max_position_embeddings an export writes."""
+        return self.max_positions or self.max_seq_len
 
     @property
     def low_rank(self) -> bool:

@@ -40,8 +40,18 @@ from .bottleneck import (
     up_group,
 )
 
-# LLaMA-2 has no RoPE frequency scaling; factor 1 makes llama3's rule the identity.
-_NO_ROPE_SCALING = RoPEScalingArgs(scaling_factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0)
+
+def rope_freqs_cis(args: LlamaArgs, end: int) -> torch.Tensor:
+    """torchtitan's llama3 RoPE table for ``end`` positions with the model's scaling
+    (factor 1, LLaMA-2's, makes llama3's rule the identity up to an ulp)."""
+    scaling = RoPEScalingArgs(
+        scaling_factor=args.rope_scaling_factor,
+        low_freq_factor=args.rope_low_freq_factor,
+        high_freq_factor=args.rope_high_freq_factor,
+        original_max_position_embeddings=args.rope_original_max_positions,
+    )
+    return precompute_freqs_cis(args.head_dim, end, args.rope_theta, scaling)
+
 
 ATTN_PROJS = ("wq", "wk", "wv", "wo")
 FFN_PROJS = ("w1", "w3", "w2")
@@ -272,8 +282,7 @@ class Transformer(ModelProtocol):
         )
 
     def _precompute_freqs_cis(self) -> torch.Tensor:
-        a = self.model_args
-        return precompute_freqs_cis(a.head_dim, a.max_seq_len, a.rope_theta, _NO_ROPE_SCALING)
+        return rope_freqs_cis(self.model_args, self.model_args.max_seq_len)
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         buffer_device = buffer_device or self.freqs_cis.device

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None, search: bool = False) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="cola_llama2", choices=sorted(MODEL_ARCH))
-    p.add_argument("--flavor", default="7b")
+    p.add_argument("--flavor", default="7b", help="a flavor name, or a converted step folder")
     p.add_argument("--seq", type=int, default=4096)
     if not search:  # the report of one layout's plans
         p.add_argument("--tp", type=int, default=4)
@@ -132,10 +132,16 @@ def main(argv: list[str] | None = None, search: bool = False) -> None:
     a = p.parse_args(argv)
     if search or a.search:
         raise SystemExit(run_search(a))
-    table = flavors_for(MODEL_ARCH[a.model])
+    from boost_titan.train.specs import FlavorTable
+
+    # a built-in name, or a path: a converted step's recorded model (docs/from-dense.md)
+    table = FlavorTable(a.model, flavors_for(MODEL_ARCH[a.model]))
     if a.flavor not in table:
-        p.error(f"unknown flavor {a.flavor!r}; valid: {sorted(table)}")
-    args = table[a.flavor]
+        p.error(f"unknown flavor {a.flavor!r}; valid: {sorted(table)} or a step's path")
+    try:
+        args = table[a.flavor]
+    except ValueError as e:
+        p.error(str(e))
     if a.rank:
         args = args.with_overrides(rank=a.rank)
     args.validate()

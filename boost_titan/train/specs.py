@@ -15,6 +15,8 @@ from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, _extra_train_specs, register_train_spec
 
 from boost_titan.checkpoint.hf.adapters import adapter_for
+from boost_titan.checkpoint.model_args import flavor_at, is_flavor_path
+from boost_titan.config import ConfigError
 from boost_titan.data import datasets
 from boost_titan.data.loader import build_dataloader
 from boost_titan.models.flavors import MODEL_ARCH, flavors_for
@@ -26,13 +28,24 @@ from boost_titan.parallel.pipeline import build_loss_fn
 
 
 class FlavorTable(dict):
-    """Flavor lookup whose KeyError lists the valid flavors."""
+    """Flavor lookup: a built-in name, or a path (a converted step's recorded model
+    arguments, a Hugging Face folder: ``boost_titan.checkpoint.model_args``), read anew at
+    each lookup (callers mutate what they get). An unknown name's KeyError lists the
+    valid flavors."""
 
     def __init__(self, model_name: str, table):
         super().__init__(table)
         self.model_name = model_name
 
+    def __contains__(self, key) -> bool:
+        return super().__contains__(key) or (isinstance(key, str) and is_flavor_path(key))
+
     def __missing__(self, key):
+        if isinstance(key, str) and is_flavor_path(key):
+            try:
+                return flavor_at(key, MODEL_ARCH[self.model_name], self.model_name)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         raise KeyError(
             f"unknown flavor {key!r} for model {self.model_name!r}; valid flavors: {sorted(self)}"
         )

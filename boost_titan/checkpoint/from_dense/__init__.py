@@ -10,4 +10,5 @@ from-dense``; the command: :mod:`boost_titan.cli.from_dense`; the factor math:
              error report
     stream   the DCP step folder, written as the blocks are converted (atomically)
     report   the progress bar and the error tables
+    continue_training  the command that trains on from the step (recommended lr, warm-up)
 """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from boost_titan.models.args import LlamaArgs
-from boost_titan.models.model import _NO_ROPE_SCALING, DenseBlock, precompute_freqs_cis
+from boost_titan.models.model import DenseBlock, rope_freqs_cis
 
 # the projections whose inputs a block run captures, by the module that sees them
 CAPTURE = {
@@ -39,9 +39,7 @@ class DenseRunner:
     ):
         self.args, self.device, self.chunk = args, device, chunk
         self.h = torch.nn.functional.embedding(tokens.to(device), embeddings.to(device).float())
-        self.freqs_cis = precompute_freqs_cis(
-            args.head_dim, tokens.shape[1], args.rope_theta, _NO_ROPE_SCALING
-        ).to(device)
+        self.freqs_cis = rope_freqs_cis(args, tokens.shape[1]).to(device)
 
     @property
     def tokens(self) -> int:

@@ -96,6 +96,12 @@ class HFSource(DenseSource):
         except (KeyError, TypeError) as e:
             raise SourceError(f"{self.where}: config.json lacks LLaMA field {e}") from None
         self.files = self._weight_files()
+        # a tied folder stores no lm_head.weight: ours is a copy of the embeddings
+        self.stored_as = {}
+        tied = config.get("tie_word_embeddings") and "lm_head.weight" not in self.files
+        if tied and "model.embed_tokens.weight" in self.files:
+            self.stored_as["lm_head.weight"] = "model.embed_tokens.weight"
+            self.files["lm_head.weight"] = self.files["model.embed_tokens.weight"]
         self.entries = {e.ours: e for e in LLAMA.table(self.args)}
         shapes = self._stored_shapes()
         by_hf = {e.hf: e for e in self.entries.values()}
@@ -152,9 +158,10 @@ class HFSource(DenseSource):
             with open_safetensors(path) as f:
                 keys = set(f.keys())
                 for name in names:
-                    if name not in keys:
-                        raise SourceError(f"{self.where}: {name!r} is not in {path.name}")
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
+                    stored = self.stored_as.get(name, name)
+                    if stored not in keys:
+                        raise SourceError(f"{self.where}: {stored!r} is not in {path.name}")
+                    shapes[name] = tuple(f.get_slice(stored).get_shape())
         return shapes
 
     def tensors(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -166,7 +173,8 @@ class HFSource(DenseSource):
             with open_safetensors(path) as f:
                 for name in group:
                     e = self.entries[name]
-                    out[name] = e.from_hf(f.get_tensor(e.hf)).contiguous()
+                    stored = self.stored_as.get(e.hf, e.hf)
+                    out[name] = e.from_hf(f.get_tensor(stored)).contiguous()
         return out
 
 

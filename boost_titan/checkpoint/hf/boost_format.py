@@ -40,6 +40,16 @@ ROPE_SCALING = {
 }
 
 
+def interleaved_scaling(args: LlamaArgs) -> dict[str, Any]:
+    """The model's llama3 scaling constants (``ROPE_SCALING``: LLaMA-2's, none)."""
+    return {
+        "factor": args.rope_scaling_factor,
+        "low_freq_factor": args.rope_low_freq_factor,
+        "high_freq_factor": args.rope_high_freq_factor,
+        "original_max_position_embeddings": args.rope_original_max_positions,
+    }
+
+
 class BoostFormat(HFFormat):
     name = "boost"
     archs = ARCHITECTURES
@@ -63,8 +73,8 @@ class BoostFormat(HFFormat):
             "num_key_value_heads": args.kv_heads,
             "rms_norm_eps": args.norm_eps,
             "rope_theta": args.rope_theta,
-            "rope_interleaved_scaling": dict(ROPE_SCALING),
-            "max_position_embeddings": args.max_seq_len,
+            "rope_interleaved_scaling": interleaved_scaling(args),
+            "max_position_embeddings": args.context_length,
             "tie_word_embeddings": False,
         }
         if args.low_rank:
@@ -120,8 +130,14 @@ class BoostFormat(HFFormat):
             norm_eps=config["rms_norm_eps"],
             rope_theta=config["rope_theta"],
             max_seq_len=config["max_position_embeddings"],
+            max_positions=config["max_position_embeddings"],
             arch=arch,
         )
+        scaling = config.get("rope_interleaved_scaling") or ROPE_SCALING
+        args.rope_scaling_factor = float(scaling["factor"])
+        args.rope_low_freq_factor = float(scaling["low_freq_factor"])
+        args.rope_high_freq_factor = float(scaling["high_freq_factor"])
+        args.rope_original_max_positions = int(scaling["original_max_position_embeddings"])
         if arch != "dense":
             args.rank = config["rank"]
             args.kv_rank = config["kv_rank"]

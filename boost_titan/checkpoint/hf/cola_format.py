@@ -81,6 +81,11 @@ class ColaFormat(RenamingFormat):
                 f"a k/v rank {args.effective_kv_rank} other than rank {args.rank} "
                 "(their config has one rank)"
             )
+        if args.rope_scaled:
+            cannot.append(
+                f"llama3 RoPE scaling (factor {args.rope_scaling_factor:g}: their model "
+                "predates it)"
+            )
         if args.activation != "silu":
             cannot.append(
                 f"latent_act {args.activation!r} (their ColaLayer applies SiLU to every latent)"

@@ -7,7 +7,9 @@ tokenizer (``[model] hf_assets_path``).
 import: a folder -> a model-only DCP checkpoint (``step-0``) that training loads with
 ``--checkpoint.initial_load_path``. The folder must hold the run's model: its config.json
 (layout by ``model_type``) describes the same architecture, shapes and ranks as the
-config (else one error naming the differing fields), its tensors are exactly the model's
+config (else one error naming the differing fields; a dense ``llama2`` is imported at
+the folder's own shapes instead, recorded in ``OUT/model_args.json``: ``--model.flavor
+OUT``), its tensors are exactly the model's
 (else one error naming the missing / extra / mis-shaped ones), and it carries a tokenizer
 that fits the model's vocabulary; a folder a ``last_save_in_hf`` save sealed is verified
 first. Nothing is written on any error.
@@ -15,6 +17,7 @@ first. Nothing is written on any error.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,6 +33,7 @@ from boost_titan.checkpoint.hf.folder import (
     read_tokenizer,
     write_hf_folder,
 )
+from boost_titan.checkpoint.hf.llama_format import untie
 
 
 def export_hf(
@@ -51,6 +55,9 @@ def export_hf(
     fmt = get_format(layout or default_layout(args.arch), args.arch)
     if Path(out_dir).exists():  # before reading anything
         raise FileExistsError(f"{out_dir!r} exists; export writes a new folder")
+    from boost_titan.checkpoint.model_args import check_recorded
+
+    check_recorded(checkpoint_dir, args, model_desc(job_config))
     read_tokenizer(job_config.model.hf_assets_path, args.vocab_size)  # fails before reading
     state = read_dcp_model(checkpoint_dir, expected_tensors(model), model_desc(job_config))
     return write_hf_folder(
@@ -81,16 +88,24 @@ def import_hf(job_config, folder: str, out_dir: str) -> Path:
     config = read_hf_config(folder)
     fmt = format_for_config(config, f"{folder}/config.json")
     args, model = model_for(job_config)
-    check_same_model(fmt.args_from_config(config), args, where, model_desc(job_config))
+    found = fmt.args_from_config(config)
+    if args.arch == "dense" and found.arch == "dense":
+        # a dense folder is imported at its own shapes (eps, RoPE, context included),
+        # which the step records: later runs name it, --model.flavor OUT
+        args = replace(found, max_seq_len=args.max_seq_len)
+        with torch.device("meta"):
+            model = type(model)(args)
+    else:
+        check_same_model(found, args, where, model_desc(job_config))
     read_tokenizer(folder, args.vocab_size)
-    state = fmt.from_hf(read_hf_tensors(folder), args)
+    state = fmt.from_hf(untie(config, read_hf_tensors(folder)), args)
     check_names_and_shapes(
         {k: v.shape for k, v in state.items()},
         expected_tensors(model),
         where,
         model_desc(job_config),
     )
-    return write_dcp_model(state, out)
+    return write_dcp_model(state, out, args if args.arch == "dense" else None)
 
 
 def _verify_if_sealed(folder: str) -> None:

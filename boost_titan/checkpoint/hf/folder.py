@@ -41,9 +41,10 @@ from boost_titan.models.args import LlamaArgs, _check_tokenizer_vocab
 _FORMAT_MODULES = ("boost_format", "llama_format", "cola_format")
 # config.json's model_type -> the layout that reads it
 MODEL_TYPES = {"boost_llama": "boost", "llama": "llama", "cola": "cola"}
-# the layout an export writes when none is asked for: the ecosystem's own class where one
-# exists, else ours
-_PREFERRED = {"dense": "llama", "cola": "cola"}
+# the layout an export writes when none is asked for: one that AutoModelForCausalLM opens
+# with transformers alone: its own LlamaForCausalLM for dense, else ours (trust_remote_code;
+# the CoLA authors' layout needs their package installed: --hf-layout cola)
+_PREFERRED = {"dense": "llama"}
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 SINGLE_FILE = "model.safetensors"
@@ -76,7 +77,7 @@ def get_format(name: str, arch: str | None = None) -> HFFormat:
 
 
 def default_layout(arch: str) -> str:
-    """llama for dense, cola for CoLA, boost otherwise."""
+    """llama for dense, boost for every low-rank model (CoLA included)."""
     return _PREFERRED.get(arch, "boost")
 
 
@@ -104,6 +105,13 @@ def model_identity(args: LlamaArgs) -> dict[str, Any]:
         "norm_eps": args.norm_eps,
         "rope_theta": args.rope_theta,
     }
+    if args.rope_scaled:
+        ident.update(
+            rope_scaling_factor=args.rope_scaling_factor,
+            rope_low_freq_factor=args.rope_low_freq_factor,
+            rope_high_freq_factor=args.rope_high_freq_factor,
+            rope_original_max_positions=args.rope_original_max_positions,
+        )
     if args.low_rank:
         ident.update(
             rank=args.rank,

@@ -49,9 +49,26 @@ def norm_entries(args: LlamaArgs, i: int) -> list[Entry]:
     ]
 
 
+def rope_config(args: LlamaArgs) -> dict[str, Any]:
+    """The RoPE keys of a LlamaConfig: ``rope_parameters`` (transformers 5) and the top
+    ``rope_theta`` / ``rope_scaling`` (transformers 4, vLLM)."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": args.rope_theta}
+    scaling = None
+    if args.rope_scaled:
+        scaling = {
+            "rope_type": "llama3",
+            "factor": args.rope_scaling_factor,
+            "low_freq_factor": args.rope_low_freq_factor,
+            "high_freq_factor": args.rope_high_freq_factor,
+            "original_max_position_embeddings": args.rope_original_max_positions,
+        }
+        params = {**scaling, "rope_theta": args.rope_theta}
+    return {"rope_theta": args.rope_theta, "rope_parameters": params, "rope_scaling": scaling}
+
+
 def llama_config(args: LlamaArgs, architecture: str, model_type: str) -> dict[str, Any]:
-    """The LlamaConfig keys both layouts share. ``rope_theta`` is written twice: at the
-    top (transformers 4, vLLM) and in ``rope_parameters`` (transformers 5)."""
+    """The LlamaConfig keys both layouts share. The LM head is always written as its own
+    matrix (``tie_word_embeddings`` false): ours trains apart from the embeddings."""
     return {
         "architectures": [architecture],
         "model_type": model_type,
@@ -64,10 +81,8 @@ def llama_config(args: LlamaArgs, architecture: str, model_type: str) -> dict[st
         "head_dim": args.head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": args.norm_eps,
-        "rope_theta": args.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
-        "rope_scaling": None,
-        "max_position_embeddings": args.max_seq_len,
+        **rope_config(args),
+        "max_position_embeddings": args.context_length,
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
@@ -75,26 +90,55 @@ def llama_config(args: LlamaArgs, architecture: str, model_type: str) -> dict[st
     }
 
 
-def llama_args_from_config(config: dict[str, Any], fmt: str) -> LlamaArgs:
-    """The LLaMA shape of a config.json; refuses what our model cannot run."""
+# llama3 rope_scaling keys -> LlamaArgs fields
+_LLAMA3_ROPE = {
+    "factor": "rope_scaling_factor",
+    "low_freq_factor": "rope_low_freq_factor",
+    "high_freq_factor": "rope_high_freq_factor",
+    "original_max_position_embeddings": "rope_original_max_positions",
+}
+
+
+def rope_args(config: dict[str, Any]) -> dict[str, Any]:
+    """LlamaArgs' RoPE fields of a config.json: theta and "default" or "llama3" scaling;
+    any other scaling is refused, naming it."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+    out: dict[str, Any] = {"rope_theta": float(theta)}
+    if rope_type == "default":
+        return out
+    if rope_type != "llama3":
+        raise HFFormatError(
+            f"config.json rope type {rope_type!r}: our RoPE runs 'default' (none) and "
+            "Llama 3.1's 'llama3' scaling only"
+        )
+    missing = [k for k in _LLAMA3_ROPE if k not in rope]
+    if missing:
+        raise HFFormatError(f"config.json llama3 rope scaling lacks {missing}")
+    for key, field in _LLAMA3_ROPE.items():
+        out[field] = int(rope[key]) if key.startswith("original") else float(rope[key])
+    if out["rope_scaling_factor"] == 1.0:  # the identity: what "default" computes
+        return {"rope_theta": out["rope_theta"]}
+    return out
+
+
+def llama_args_from_config(config: dict[str, Any], fmt: str, tied_ok: bool = False) -> LlamaArgs:
+    """The LLaMA shape of a config.json; refuses what our model cannot run, naming the
+    key and its value. A tied LM head (``tied_ok``) is read as its own copy of the
+    embeddings (:func:`untie`)."""
     need = {
         "hidden_act": "silu",
-        "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
     }
+    if not tied_ok:
+        need["tie_word_embeddings"] = False
     for key, want in need.items():
         if config.get(key, want) != want:
             raise HFFormatError(
                 f"config.json {key} = {config[key]!r}: our {fmt!r} model needs {want!r}"
             )
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise HFFormatError(
-            f"config.json rope type {rope_type!r}: our LLaMA-2 RoPE has no scaling ('default')"
-        )
-    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     dim, heads = config["hidden_size"], config["num_attention_heads"]
     head_dim = config.get("head_dim") or dim // heads
     if head_dim * heads != dim:
@@ -103,6 +147,7 @@ def llama_args_from_config(config: dict[str, Any], fmt: str) -> LlamaArgs:
             f"{dim}: our attention needs head_dim = hidden_size / heads"
         )
     kv = config.get("num_key_value_heads") or heads
+    positions = config.get("max_position_embeddings", 0)  # 0: the config does not say
     return LlamaArgs(
         dim=dim,
         n_layers=config["num_hidden_layers"],
@@ -111,9 +156,18 @@ def llama_args_from_config(config: dict[str, Any], fmt: str) -> LlamaArgs:
         vocab_size=config["vocab_size"],
         ffn_dim=config["intermediate_size"],
         norm_eps=config.get("rms_norm_eps", 1e-6),
-        rope_theta=float(theta),
-        max_seq_len=config.get("max_position_embeddings", 2048),
+        max_seq_len=positions or 2048,
+        max_positions=positions,
+        **rope_args(config),
     )
+
+
+def untie(config: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """A tied folder stores no ``lm_head.weight``: ours is a copy of the embeddings."""
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
+        if "model.embed_tokens.weight" in tensors:
+            tensors = {**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"]}
+    return tensors
 
 
 class LlamaFormat(RenamingFormat):
@@ -152,7 +206,7 @@ class LlamaFormat(RenamingFormat):
                 f"config.json model_type {config.get('model_type')!r}: the 'llama' layout "
                 "reads model_type 'llama'"
             )
-        return llama_args_from_config(config, "llama2")
+        return llama_args_from_config(config, "llama2", tied_ok=True)
 
 
 LLAMA = register(LlamaFormat())

@@ -78,6 +78,26 @@ def _check_checkpoint(config) -> None:
             )
 
 
+def _check_recorded_model(config) -> None:
+    """A step that records its model (from-dense, import) loads only into that model:
+    the config's flavor must be it (``--model.flavor STEP`` names it)."""
+    from boost_titan.checkpoint.model_args import check_recorded
+    from boost_titan.train.config_check.common import ConfigError, _ours
+    from boost_titan.train.config_check.model import config_args
+
+    if not _ours(config) or config.checkpoint.initial_load_in_hf:
+        return
+    m = config.model
+    try:
+        check_recorded(
+            config.checkpoint.initial_load_path,
+            config_args(config),
+            f"model {m.name!r} flavor {m.flavor!r}",
+        )
+    except ValueError as e:
+        raise ConfigError(f"[checkpoint] initial_load_path: {e}") from None
+
+
 def _check_checkpoint_files(config) -> None:
     """What a launch with checkpointing on would load: the step it resumes exists and
     is a full save; an initial_load_path is a DCP step folder and is not shadowed by
@@ -90,6 +110,7 @@ def _check_checkpoint_files(config) -> None:
     if ck.initial_load_path:
         if not steps:
             _check_initial_load_path(ck)
+            _check_recorded_model(config)
             if ck.initial_load_in_hf:
                 _check_hf_config_fits(config)
         elif not cf.started_from(folder, ck.initial_load_path):
