@@ -250,7 +250,7 @@ def test_llama2_dcp_converts_to_svd_and_trains_with_loro(corpus_dir, tmp_path):
     proc = _from_dense("--from", str(src), "--to", str(out), "--rank", "32",
                        config="debug_svd_loro.toml")  # fmt: skip
     assert "plain SVD" in proc.stdout and "activation error" not in proc.stdout
-    assert "the data restarts from its first window, so the dense run's" in proc.stdout
+    assert "the data restarts from its first sample: with the dense run's" in proc.stdout
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     assert report["rank"] == 32 and not report["fit"] and report["calibration_tokens"] == 0
     run = run_training(

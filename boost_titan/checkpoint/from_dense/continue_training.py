@@ -7,8 +7,9 @@ converted CoLA model 0.2-0.5 nats up at step 1 (Adam's first steps move every pa
 about the learning rate); a third of it after 20 warm-up steps keeps step 1 at the
 conversion's loss and ends 100 steps 0.09-0.12 nats below it. What decides whether the run
 ends below the conversion at all is the data: from one of our dense runs' steps the data
-restarts at its first window, documents the dense model was trained on, and every learning
-rate measured then ends above the conversion's loss. ``benchmarks/quality.py``'s converted
+restarts at its first sample, with the same seed the windows the dense model was trained on
+first, and every learning rate measured then ends above the conversion's loss: the command
+says to pass another ``[training] dataset_seed``. ``benchmarks/quality.py``'s converted
 runs use the same settings.
 """
 
@@ -49,11 +50,12 @@ def continue_command(
     q = shlex.quote
     lr = continue_lr(config_lr)
     data = (
-        "the data restarts from its first window, so the dense run's documents come first "
-        "again and the model ends worse than converted (measured): give it documents the "
-        "dense run has not read (--training.dataset local_text --training.dataset_path ...)"
+        "the data restarts from its first sample: with the dense run's [training] "
+        "dataset_seed its first windows come first again and the model ends worse than "
+        "converted (measured), so pass another --training.dataset_seed (a new order of "
+        "the windows) or documents the dense run has not read"
         if from_our_run
-        else "the data starts from its first window"
+        else "the data starts from its first sample"
     )
     return (
         f"train on from it (a model-only load: a fresh optimizer and LR schedule; {data}; the "
