@@ -28,6 +28,7 @@ Figures, not assertions: docs/benchmarks.md keeps them. Noisy on a shared machin
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -165,6 +166,11 @@ def synthetic(folder: Path, parts: int, part_tokens: int) -> None:
     _write_json(str(folder / "corpus.json"), {**body, "digest": manifest_digest(body)})
 
 
+def rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
+
+
 def memory_child(corpus_dir: str, batch: str, seq: str) -> None:
     from fractions import Fraction
 
@@ -173,7 +179,8 @@ def memory_child(corpus_dir: str, batch: str, seq: str) -> None:
     from boost_titan.data.tokenized import open_corpus
     from boost_titan.data.window_loader import WindowLoader
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gc.collect()
+    before, peak_before = rss_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     corpus = open_corpus(corpus_dir)
     dp, b = 1024, int(batch)
     loader = WindowLoader("bench", [corpus], [Fraction(1)], seq_len=int(seq), local_batch_size=b,
@@ -182,10 +189,12 @@ def memory_child(corpus_dir: str, batch: str, seq: str) -> None:
     windows = corpus.windows(int(seq) + 1)
     for start in rng.integers(0, 50 * windows, 100):
         loader.read_batch(loader.samples_of(int(start), 0))
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after, peak = rss_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     reads = sum(r.reads for r in loader.readers)
     opened = sum(len(r._fds) for r in loader.readers)
-    record = {"before_kb": before, "after_kb": after, "parts": len(corpus.parts)}
+    manifest_mb = os.path.getsize(os.path.join(corpus_dir, "corpus.json")) / 1e6
+    record = {"before_kb": before, "after_kb": after, "parts": len(corpus.parts),
+              "peak_grew_kb": peak - peak_before, "manifest_mb": manifest_mb}  # fmt: skip
     print(json.dumps({**record, "opened": opened, "reads": reads, "tb": corpus.tokens * 2e-12}))
 
 
@@ -230,16 +239,18 @@ def main() -> None:
               f"CPU second, {per_wall:,.0f} per wall second: {per_cpu / NEED:,.0f}x / "
               f"{per_wall / NEED:,.0f}x a CoLA 7B H100 rank's ~{NEED:,} tokens/s")  # fmt: skip
         print("\n## 4. a rank's memory (dp 1024, 100 steps from random places)\n")
-        print("| corpus | parts | reads | files open at the end | RSS before MiB | peak RSS MiB "
-              "| grew MiB |\n|---|---|---|---|---|---|---|")  # fmt: skip
+        print("| corpus | parts | corpus.json MB | reads | files open at the end | RSS before "
+              "MiB | RSS after MiB | grew MiB | peak RSS grew MiB |\n"
+              "|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         for name, parts in (("10 GB", 160), ("1 TB", 16_384)):
             folder = root / f"synthetic_{parts}"
             synthetic(folder, parts, 32 << 20)  # 64 MiB of uint16 per part
             r = child("memory", str(folder), str(args.batch), str(args.seq))
             shutil.rmtree(folder)
-            print(f"| {name} ({r['tb']:.3f} TB) | {r['parts']} | {r['reads']} | {r['opened']} | "
-                  f"{r['before_kb'] / 1024:.0f} | {r['after_kb'] / 1024:.0f} | "
-                  f"{(r['after_kb'] - r['before_kb']) / 1024:.1f} |")  # fmt: skip
+            print(f"| {name} ({r['tb']:.3f} TB) | {r['parts']} | {r['manifest_mb']:.1f} | "
+                  f"{r['reads']} | {r['opened']} | {r['before_kb'] / 1024:.0f} | "
+                  f"{r['after_kb'] / 1024:.0f} | {(r['after_kb'] - r['before_kb']) / 1024:.1f} | "
+                  f"{r['peak_grew_kb'] / 1024:.1f} |")  # fmt: skip
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
