@@ -204,7 +204,7 @@ def cola_from_hf(hf_llama, corpus_dir, tmp_path_factory) -> tuple[Path, dict]:
         f"{out} --checkpoint.enable --checkpoint.initial_load_path {out} --optimizer.lr {lr} "
         f"--lr_scheduler.warmup_steps {warmup}"
     )
-    assert "the data starts from its first window" in proc.stdout
+    assert "the data starts from its first sample" in proc.stdout
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     return out, report
 

@@ -30,8 +30,8 @@ from torchtitan.hf_datasets.text_datasets import DATASETS
 
 from boost_titan.data import loader
 from boost_titan.data import local_text
+from boost_titan.data.corpus.manifest import BUILD_HINT as _BUILD_HINT
 
-_BUILD_HINT = "build it with `boost-titan data build` (the README's `make data`)"
 
 
 def _corpus_split(split: str) -> str:

@@ -103,12 +103,12 @@ def raw_source(job_config, section: str):
         return TOKENIZED
     root = cache_root(t.dataset_cache)
     if s.dataset in EMBEDDED:
-        from boost_titan.data.datasets import _BUILD_HINT
+        from boost_titan.data.corpus.manifest import BUILD_HINT
 
         corpus_dir = default_corpus_dir()
         path = s.dataset_path or str(corpus_dir / EMBEDDED[s.dataset])
         if not os.path.isdir(path):
-            raise CorpusError(f"corpus split not found at {path!r}; {_BUILD_HINT}")
+            raise CorpusError(f"corpus split not found at {path!r}; {BUILD_HINT}")
         return SavedText(path, "text"), str(corpus_dir / "tokenized")
     if s.dataset in LOCAL_DATASETS:
         corpus = corpus_for(job_config, section)

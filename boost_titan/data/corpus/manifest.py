@@ -20,6 +20,7 @@ from boost_titan.data.corpus.sources import SOURCES
 FORMAT_VERSION = 1
 
 ENV_DATA_DIR = "BOOST_TITAN_DATA"
+BUILD_HINT = "build it with `boost-titan data build` (the README's `make data`)"
 MANIFEST_NAME = "manifest.json"
 TRAIN_DIR = "train"
 VAL_DIR = "validation"
