@@ -412,6 +412,7 @@ def test_validation_runs_the_same_batches_on_every_rank(corpora):
 AGREE = r"""
 import os, sys
 import torch.distributed as dist
+out = open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w")  # one file a rank
 from boost_titan.data.local_text import CorpusError
 from boost_titan.data.loader import agree
 dist.init_process_group("gloo")
@@ -422,12 +423,13 @@ view = {"seq_len": 16, "seed": 0, "shuffle": True, "weights": ["1"],
 try:
     agree(view, "local_text")
 except CorpusError as e:
-    print(f"rank {rank}: {e}")
+    out.write(f"rank {rank}: {e}\n")
 view = CorpusError("local_text: dataset_path '/x' does not exist") if rank == 1 else view
 try:
     agree(view, "local_text")
 except CorpusError as e:
-    print(f"rank {rank}: {e}")
+    out.write(f"rank {rank}: {e}\n")
+out.close()
 dist.destroy_process_group()
 """
 
@@ -437,11 +439,13 @@ def test_ranks_that_see_different_corpora_stop_in_one_line(tmp_path):
     script.write_text(AGREE)
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", str(29700 + os.getpid() % 200), str(script)],
+         "--standalone", str(script), str(tmp_path)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    lines = sorted(
+        line for r in (0, 1) for line in (tmp_path / f"rank{r}.txt").read_text().splitlines()
+    )
     assert len(lines) == 4, proc.stdout
     differ = (
         "local_text: rank 1 sees other data than rank 0 (the corpus /c has digest "
