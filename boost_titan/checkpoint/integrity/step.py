@@ -160,6 +160,18 @@ def _encodable(name: str) -> bool:
     return True
 
 
+def _stat(call, path: str, folder: str, relative: str, tail: str):
+    """``call(path)`` (lstat or stat) with a missing or unreadable file as the step's line."""
+    try:
+        return call(path)
+    except FileNotFoundError:
+        raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
+    except OSError as e:
+        raise _problem(
+            folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
+        ) from None
+
+
 def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
     """The size of the file a step's metadata names, refused unless it is a relative
     path to a regular file inside the folder."""
@@ -184,14 +196,7 @@ def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
             tail,
         )
     path = os.path.join(folder, relative)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
-    except OSError as e:
-        raise _problem(
-            folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
-        ) from None
+    st = _stat(os.lstat, path, folder, relative, tail)
     # one lstat suffices for a plain name that is no link (DCP's __R_0.distcp): it lies in
     # the folder checked; a link, or a name through subfolders (a link among them), is
     # resolved to be checked inside it
@@ -204,14 +209,7 @@ def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
                 "outside the step folder",
                 tail,
             )
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
-        except OSError as e:
-            raise _problem(
-                folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
-            ) from None
+        st = _stat(os.stat, path, folder, relative, tail)
     if not stat.S_ISREG(st.st_mode):
         raise _problem(
             folder, f"is refused: {relative} is a {_kind(st.st_mode)}, not a regular file", tail
