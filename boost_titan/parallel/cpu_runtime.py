@@ -59,6 +59,10 @@ def activate() -> bool:
     _patch_profiler()
     # 4. DTensor's random ops give every shard of a CPU mesh the same numbers.
     _shard_random_init_like_one_device()
+    # 5. context parallelism's ring knows only the CUDA attention kernels.
+    from boost_titan.parallel import cpu_ring_attention
+
+    cpu_ring_attention.install()
     _ACTIVE = True
     return True
 

@@ -30,7 +30,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             f"{parallel_dims.seq_len_divisor} (TP degree x 2 x CP degree)"
         )
     if parallel_dims.cp_enabled:
-        raise NotImplementedError("context parallelism is not supported by boost_titan models")
+        apply_context_parallel(model, parallel_dims.get_mesh("cp"))
 
     if parallel_dims.tp_enabled:
         tp_mesh = parallel_dims.get_mesh("tp")
@@ -91,6 +91,22 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             raise RuntimeError("DDP has not supported > 1D parallelism")
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model
+
+
+def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
+    """Ring attention over the CP ranks, torchtitan's own mechanism: every block's SDPA
+    (``attention.inner_attention``, dense and low-rank blocks alike) sees q, k, v
+    sequence-sharded and attends to the whole sequence (``cpu_ring_attention`` on CPU).
+    The projections, norms and FFN are token-wise: they run on each rank's shard of the
+    sequence unchanged, so a low-rank block's latents and BTP's collectives are per
+    shard too, and only attention's keys/values travel between CP ranks. The trainer
+    shards inputs, labels and RoPE positions (head-tail load balancing)."""
+    from torchtitan.distributed.context_parallel import apply_cp_to_attention_module
+
+    apply_cp_to_attention_module(
+        [block.attention.inner_attention for block in model.layers.values()], cp_mesh, "sdpa"
+    )
+    logger.info(f"Applied context parallelism (ring attention, degree {cp_mesh.size()})")
 
 
 def autocast_dtype(parallel_dims: ParallelDims, job_config) -> torch.dtype | None:

@@ -67,7 +67,6 @@ def _check_parallelism(config, world_size: int | None) -> dict[str, int]:
         deg["data_parallel_shard_degree"] = 1
     if _ours(config):
         for key in (
-            "context_parallel_degree",
             "expert_parallel_degree",
             "expert_tensor_parallel_degree",
         ):
@@ -76,8 +75,7 @@ def _check_parallelism(config, world_size: int | None) -> dict[str, int]:
                     "parallelism",
                     key,
                     getattr(p, key),
-                    "is not supported by boost_titan models (dense blocks, no context "
-                    "parallel attention, no experts); use 1",
+                    "is not supported by boost_titan models (dense blocks, no experts); use 1",
                 )
     rep, shard = deg["data_parallel_replicate_degree"], deg["data_parallel_shard_degree"]
     if rep > 1 and shard == 1 and math.prod(deg.values()) != rep:
