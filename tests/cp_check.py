@@ -89,7 +89,7 @@ def _layout(case: dict, args, batches, world: int):
     loss_fn = build_loss_fn(job_config)
     context = dist_utils.get_train_context(dims.tp_enabled)  # loss-parallel under TP
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4, weight_decay=0.1)
-    dp_rank = dims.get_mesh("dp_shard").get_local_rank() if dims.dp_shard_enabled else 0
+    dp_rank = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
     losses, grads = [], []
     for tokens, labels in batches:
         rows = slice(dp_rank * BATCH // case["dp"], (dp_rank + 1) * BATCH // case["dp"])
@@ -110,13 +110,14 @@ def _layout(case: dict, args, batches, world: int):
         })  # fmt: skip
         opt.step()
         opt.zero_grad()
-    return losses, grads
+    compiled = sum(type(m).__name__ == "OptimizedModule" for m in model.modules())
+    return losses, grads, compiled
 
 
 def _compare(ref, got) -> dict:
     """Worst relative loss error and worst per-parameter gradient error over the steps
     (max |diff| / max |reference| of each parameter)."""
-    (ref_loss, ref_grads), (loss, grads) = ref, got
+    (ref_loss, ref_grads), (loss, grads, compiled) = ref, got
     loss_err = max(abs(a - b) / abs(a) for a, b in zip(ref_loss, loss))
     grad_err, worst = 0.0, ""
     for step_ref, step_got in zip(ref_grads, grads):
@@ -126,7 +127,7 @@ def _compare(ref, got) -> dict:
             if err > grad_err:
                 grad_err, worst = err, name
     return {"loss": ref_loss, "cp_loss": loss, "loss_err": loss_err, "grad_err": grad_err,
-            "worst": worst}  # fmt: skip
+            "worst": worst, "compiled_blocks": compiled}  # fmt: skip
 
 
 def _worker(rank: int, world: int, init_file: str, cases: list, out_file: str):

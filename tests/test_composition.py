@@ -26,6 +26,7 @@ LOSS_RTOL = 2e-4  # measured: equal to the printed 5 decimals
 # figures), so grad norms of different layouts agree only to that
 GRAD_NORM_RTOL = 1.5e-3
 
+CP2 = ("--parallelism.context_parallel_degree", "2")
 # arch, config, processes, data-parallel degree, extra overrides
 LAYOUTS = [
     ("cola", "debug_cola_btp_tp2_fsdp2.toml", 4, 2, ()),
@@ -53,6 +54,12 @@ LAYOUTS = [
         2,
         ("--compile.enable", "--compile.backend", "aot_eager"),
     ),
+    # context parallelism (ring attention) composed: with BTP TP2 and sequence-parallel
+    # latents, under a pipeline, under FSDP2 (its shards span dp x cp); every block's
+    # gradients against one process: tests/test_context_parallel.py
+    ("cola", "debug_cola_btp_tp2.toml", 4, 1, (*CP2, "--boost.sequence_parallel")),
+    ("lax", "debug_lax_pp2.toml", 4, 1, CP2),
+    ("svd", "debug_svd_fsdp2.toml", 4, 2, CP2),
     (
         "lax",
         "debug_cola_btp_tp2_pp2.toml",
@@ -152,6 +159,7 @@ def _last_stage(run):
         f"{'-aot_eager' if 'aot_eager' in e else ''}"
         f"{'-ckpt' if '--boost.latent_checkpoint' in e else ''}"
         f"{'-sp' if '--boost.sequence_parallel' in e else ''}"
+        f"{'-cp2' if CP2[0] in e else ''}"
         for a, c, _, _, e in LAYOUTS
     ],
 )
