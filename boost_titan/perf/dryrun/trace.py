@@ -207,7 +207,9 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
     gbs, dp = config.training.global_batch_size, pd.dp_replicate * pd.dp_shard
     accum = gbs // (config.training.local_batch_size * dp) if gbs > 0 else 1
     step_mbs = n_mb * accum
-    seq = config.training.seq_len
+    # context parallelism: each rank holds its 1/cp of the sequence (every activation
+    # but attention's ring buffers, which the ring's own allocations add while traced)
+    seq = config.training.seq_len // pd.cp
     act_dtype = TORCH_DTYPE_MAP[
         config.training.mixed_precision_param if pd.fsdp_enabled else config.training.dtype
     ]
@@ -328,7 +330,7 @@ def _schedule_step(schedule, stages, args, config, gen) -> None:
     ``boost_titan.parallel.pipeline.pipeline_forward_backward`` runs it."""
     import torch
 
-    shape = (config.training.local_batch_size, config.training.seq_len)
+    shape = (config.training.local_batch_size, config.training.seq_len // config.parallelism.context_parallel_degree)
     tokens = torch.randint(0, args.vocab_size, shape, generator=gen)
     labels = torch.randint(0, args.vocab_size, shape, generator=gen)
     last = any(st.is_last for st in stages)
