@@ -69,7 +69,35 @@ class RepeatableValidator(Validator):
     def validate(self, model_parts, step):
         if self._start_state is not None:
             self.validation_dataloader.load_state_dict(self._start_state)
-        return super().validate(model_parts, step)
+        dims = self.parallel_dims
+        if dims.cp_enabled:
+            self.parallel_dims = _TokensCountedOverCP(dims)
+        try:
+            return super().validate(model_parts, step)
+        finally:
+            self.parallel_dims = dims
+
+
+class _TokensCountedOverCP:
+    """torchtitan 0.2.2's validator under context parallelism divides each rank's loss
+    sum by the valid tokens of the data-parallel ranks only (the "batch" mesh), then
+    sums the quotients over dp x cp: the logged validation loss is cp times the mean
+    (measured: 18.78 for 9.46 at CP2). Counting the tokens over dp x cp (the "loss"
+    mesh) makes each quotient a share of the mean. The training step counts them
+    correctly; only the validator reads ParallelDims through this view."""
+
+    def __init__(self, dims):
+        self._dims = dims
+
+    def __getattr__(self, name):
+        return getattr(self._dims, name)
+
+    @property
+    def dp_enabled(self) -> bool:
+        return True  # the token count is summed (over the mesh below)
+
+    def get_mesh(self, dims):
+        return self._dims.get_mesh("loss" if dims == "batch" else dims)
 
 
 def build_validator(**kwargs) -> Validator:
