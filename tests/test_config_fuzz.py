@@ -69,10 +69,12 @@ FIXED: list[tuple[Case, str, str]] = [
             [
                 ["parallelism", "context_parallel_degree", "2"],
                 ["parallelism", "tensor_parallel_degree", "1"],
+                ["training", "seq_len", "130"],
             ],
         ),
         "clean",
-        "[parallelism] context_parallel_degree = 2 is not supported by boost_titan models",
+        "[training] seq_len = 130 must be divisible by 4 (2 x tensor_parallel_degree 1 x "
+        "context_parallel_degree 2)",
     ),
     (
         Case(
