@@ -62,9 +62,12 @@ def _reference(args, batches):
     losses, grads = [], []
     for tokens, labels in batches:
         logits = model(tokens)
-        loss = torch.nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(), labels.flatten(), reduction="sum"
-        ) / labels.numel()
+        loss = (
+            torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten(), reduction="sum"
+            )
+            / labels.numel()
+        )
         loss.backward()
         losses.append(loss.item())
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
@@ -149,7 +152,9 @@ def _worker(rank: int, world: int, init_file: str, cases: list, out_file: str):
             args.max_seq_len = SEQ
             g = torch.Generator().manual_seed(1)
             batches = [
-                tuple(torch.randint(0, args.vocab_size, (BATCH, SEQ), generator=g) for _ in range(2))
+                tuple(
+                    torch.randint(0, args.vocab_size, (BATCH, SEQ), generator=g) for _ in range(2)
+                )
                 for _ in range(STEPS)
             ]
             ref = _reference(copy.deepcopy(args), batches)

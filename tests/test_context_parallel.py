@@ -27,8 +27,15 @@ CASES = [
     # CP2 x BTP TP2: the ring inside BTP's chunks, latents sharded on d (and on the
     # sequence with SP), latent checkpointing recomputing the ring's chunk
     {"arch": "cola", "cp": 2, "tp": 2, "dp": 1, "plan": "btp"},
-    {"arch": "cola", "cp": 2, "tp": 2, "dp": 1, "plan": "btp", "sp": True,
-     "latent_checkpoint": "both"},  # fmt: skip
+    {
+        "arch": "cola",
+        "cp": 2,
+        "tp": 2,
+        "dp": 1,
+        "plan": "btp",
+        "sp": True,
+        "latent_checkpoint": "both",
+    },  # fmt: skip
     # compiled blocks (aot_eager: the ring enters Dynamo as DTensor code), 12 blocks:
     # one graph for all of them or the recompile limit (8) fails here
     {"arch": "cola", "cp": 2, "tp": 1, "dp": 2, "plan": "auto", "compile": True, "layers": 12},
@@ -40,7 +47,9 @@ def test_cp2_equals_one_process_gradient_by_gradient(tmp_path):
     rows = run_cases(CASES, 4, str(tmp_path))
     assert len(rows) == len(CASES)
     for row in rows:
-        print({k: row[k] for k in ("arch", "cp", "tp", "dp", "plan", "loss_err", "grad_err", "worst")})
+        print(
+            {k: row[k] for k in ("arch", "cp", "tp", "dp", "plan", "loss_err", "grad_err", "worst")}
+        )
         assert row["loss_err"] <= LOSS_RTOL, row
         assert row["grad_err"] <= GRAD_RTOL, row
         assert row["cp_loss"][-1] != row["cp_loss"][0]  # the steps moved the weights
@@ -72,7 +81,11 @@ def test_cp2_trains_validates_and_resumes_as_one_process(tmp_path):
     for step in (3, 4):  # the resumed run continues the uninterrupted one
         assert abs(resumed.loss[0][step] - got[step]) <= LOSS_RTOL_PRINTED * got[step]
     print(f"\nsingle {ref} val {ref_val}\nCP2 (resumed at 2) {got} val {val}")
-    assert sorted(got) == sorted(ref) == [1, 2, 3, 4] and sorted(val) == sorted(ref_val) == [1, 2, 4]
+    assert sorted(got) == sorted(ref) == [1, 2, 3, 4] and sorted(val) == sorted(ref_val) == [
+        1,
+        2,
+        4,
+    ]
     for step in ref:
         assert abs(got[step] - ref[step]) <= LOSS_RTOL_PRINTED * ref[step], (step, got, ref)
     for step in ref_val:

@@ -117,7 +117,10 @@ def install() -> None:
     cp.custom_ops[FORWARD] = _handler
     cp.custom_ops[BACKWARD] = _handler
     register, unregister = rules.register_cp_sharding_rules, rules.unregister_cp_sharding_rules
-    ours = [(FORWARD, _forward_strategy, RuntimeSchemaInfo(3)), (BACKWARD, _backward_strategy, None)]
+    ours = [
+        (FORWARD, _forward_strategy, RuntimeSchemaInfo(3)),
+        (BACKWARD, _backward_strategy, None),
+    ]
 
     def register_with_cpu():
         first = not rules._cp_strategy_contexts

@@ -330,7 +330,10 @@ def _schedule_step(schedule, stages, args, config, gen) -> None:
     ``boost_titan.parallel.pipeline.pipeline_forward_backward`` runs it."""
     import torch
 
-    shape = (config.training.local_batch_size, config.training.seq_len // config.parallelism.context_parallel_degree)
+    shape = (
+        config.training.local_batch_size,
+        config.training.seq_len // config.parallelism.context_parallel_degree,
+    )
     tokens = torch.randint(0, args.vocab_size, shape, generator=gen)
     labels = torch.randint(0, args.vocab_size, shape, generator=gen)
     last = any(st.is_last for st in stages)
