@@ -151,6 +151,39 @@ def test_fsdp_hidden_when_fast_exposed_when_slow():
     assert slow_t > gather_all
 
 
+def test_context_parallel_terms_closed_form():
+    """CP4 x TP4 of CoLA 7B at 32k over 4 nodes of 4 GPUs (CP's group leaves the node):
+    every per-token term is CP1's at 8k tokens, attention 1/4 of CP1's at 32k, FSDP
+    shards over cp; the ring (K/V all-gathered forward and again backward, fp32 dK/dV
+    passed cp - 1 hops) is exposed beyond the attention tile it overlaps."""
+    a = _args()
+    hw = hardware.GPU("slow", 989.5e12, 3.35e12, 80, 900e9, 8e9, gpus_per_node=4)
+    kw = dict(tp=4, micro_batch=1, gpus_per_node=4)
+    cp4 = step_time(a, Layout("btp", cp=4, seq=32768, **kw), hw, EFF)
+    short = step_time(a, Layout("btp", seq=8192, dp_shard=4, **kw), hw, EFF)
+    long = step_time(a, Layout("btp", seq=32768, **kw), hw, EFF)
+    for term in ("GEMMs (fwd + 2x bwd)", "elementwise (HBM-bound)", "TP collectives (exposed)"):
+        assert cp4.terms[term] == pytest.approx(short.terms[term]), term
+    key = "attention (flash, fwd + bwd)"
+    assert cp4.terms[key] == pytest.approx(long.terms[key] / 4)
+    assert cp4.terms["optimizer (AdamW)"] == pytest.approx(short.terms["optimizer (AdamW)"])
+    assert cp4.layout.tokens_per_step == 32768 and cp4.layout.world == 16
+    t, kv_w = 8192, 4096 // 4  # tokens per rank; K/V columns per TP rank (MHA)
+    kv = 2 * t * kv_w
+    bw = 0.5 * 8e9 / 8  # e_link x the network's bytes/s: the group spans 16 ranks
+    gather = 3 * kv * 2 / bw + 3 * 1e-5
+    hop = kv * 4 / bw + 1e-5
+    attn = 0.5 * 4 * 32768**2 * (32 / 4) * 128 / 4 / (0.7 * 989.5e12)
+    tile_f, tile_b = attn / 4, 2.5 * attn / 4
+    per_block = max(0, gather - tile_f) + max(0, gather - tile_b) + 3 * max(0, hop - tile_b)
+    assert per_block > 0  # the slow network shows
+    assert cp4.terms["CP ring attention (exposed)"] == pytest.approx(32 * per_block)
+    assert cp4.ring_bytes_per_step == pytest.approx(32 * (2 * 3 * kv * 2 + 3 * kv * 4))
+    assert long.terms["CP ring attention (exposed)"] == 0.0 and long.ring_bytes_per_step == 0
+    with pytest.raises(ValueError, match="seq 32760: must be divisible by 2 x cp 4 x tp 4"):
+        step_time(a, Layout("btp", cp=4, seq=32760, **kw), hw, EFF)
+
+
 def test_calibration_orders_plans_as_the_paper_at_every_point():
     cal = perf_calibration.calibration()
     assert len(cal["rows"]) == 16 and len(cal["order"]) == 6
@@ -231,14 +264,14 @@ def test_custom_gpu_toml_loads_and_unknown_gpu_is_refused(tmp_path):
         hardware.gpu("v100")
 
 
-def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
-    """The debug CoLA model on 4 ranks of a small custom GPU: the search ranks every
-    layout, traces the memory of those it reaches, checks the winner by the full dry
-    run, writes it; the recipe then passes ``boost-titan dryrun``."""
+def _search_small_gpu(tmp_path, seq: int, memory_gib: int):
+    """``plan --search`` for the debug CoLA model on 4 ranks of a small custom GPU,
+    then ``boost-titan dryrun`` of the recipe it wrote; (search stdout, stderr, recipe)."""
     gpu = tmp_path / "small.toml"
     gpu.write_text(
-        "name = 'small'\npeak_bf16_flops = 1e14\nhbm_bytes_per_s = 1e12\nmemory_gib = 1\n"
-        "nvlink_bytes_per_s = 2e11\ninternode_bits_per_s = 1e11\ngpus_per_node = 4\n"
+        f"name = 'small'\npeak_bf16_flops = 1e14\nhbm_bytes_per_s = 1e12\n"
+        f"memory_gib = {memory_gib}\nnvlink_bytes_per_s = 2e11\ninternode_bits_per_s = 1e11\n"
+        "gpus_per_node = 4\n"
     )
     recipe = tmp_path / "found.toml"
     proc = run_main(
@@ -254,9 +287,9 @@ def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
         "--gpu-file",
         str(gpu),
         "--seq",
-        "2048",
+        str(seq),
         "--global-batch-tokens",
-        str(16 * 2048),
+        str(16 * seq),
         "--top",
         "3",
         "--write",
@@ -265,12 +298,6 @@ def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dry run of the winner" in proc.stderr and "fits" in proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line[:3].strip().isdigit()]
-    assert 1 <= len(rows) <= 3  # a first that its full dry run refuses is dropped
-    rates = [float(re.search(r" ([\d,]{4,}) ", line).group(1).replace(",", "")) for line in rows]
-    assert rates == sorted(rates, reverse=True)
-    text = recipe.read_text()
-    assert 'extends = "' in text and "[parallelism]" in text
     dry = run_main(
         "boost_titan.cli.main",
         "dryrun",
@@ -279,10 +306,36 @@ def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
         "--ngpu",
         "4",
         "--gpu-memory",
-        "1",
+        str(memory_gib),
         env={"OMP_NUM_THREADS": "1"},
     )
     assert dry.returncode == 0, dry.stdout + dry.stderr[-2000:]
+    return proc.stdout, proc.stderr, recipe.read_text()
+
+
+def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
+    """The search ranks every layout, traces the memory of those it reaches, checks the
+    winner by the full dry run, writes it; the recipe then passes ``boost-titan dryrun``."""
+    out, _, text = _search_small_gpu(tmp_path, 2048, 1)
+    rows = [line for line in out.splitlines() if line[:3].strip().isdigit()]
+    assert 1 <= len(rows) <= 3  # a first that its full dry run refuses is dropped
+    rates = [float(re.search(r" ([\d,]{4,}) ", line).group(1).replace(",", "")) for line in rows]
+    assert rates == sorted(rates, reverse=True)
+    assert 'extends = "' in text and "[parallelism]" in text
+    # a short sequence: no CP degree ranked
+    assert not any(" x CP" in r for r in rows) and "context_parallel_degree" not in text
+
+
+def test_search_picks_context_parallel_for_a_long_sequence(tmp_path):
+    """At 16k tokens on 2 GiB GPUs no layout without CP fits (the full dry run refuses
+    the fastest, FSDP4 at 2.3 GiB): the winner splits the sequence over 2 ranks, its
+    recipe says so and passes its dry run; the ring's bytes are in the breakdown."""
+    out, err, text = _search_small_gpu(tmp_path, 16384, 2)
+    winner = next(line for line in out.splitlines() if line.startswith("winner on"))
+    assert "CP2" in winner, out
+    assert "context_parallel_degree = 2" in text and "seq_len = 16384" in text
+    assert "does NOT fit; next" in err  # the estimate's first choice, refused by the dry run
+    assert re.search(r"CP ring bytes per step per rank [1-9]", out), out
 
 
 def test_search_refuses_bad_input_in_one_line():

@@ -29,6 +29,14 @@ Terms, per rank (every one printed in the breakdown):
 * recompute: the chunks latent checkpointing re-runs in backward (no collective; with
   sequence-parallel latents the re-gathers), or torchtitan's full AC (the whole block
   forward, its collectives included).
+* CP: each rank holds ``s/cp`` of every sequence (every term above on ``b s/cp``
+  tokens) and runs ``1/cp`` of the causal attention tiles (torch's load-balanced
+  shards). The ring is torch's default ("allgather", torchtitan's
+  ``context_parallel_rotate_method``): forward all-gathers K and V over the CP group,
+  backward all-gathers them again and passes the fp32 dK/dV partial sums around the ring
+  (``cp - 1`` hops). Each gather overlaps the local shard's tile, each dK/dV hop one
+  tile's backward; only the excess is exposed. FSDP shards over ``dp_shard x cp``
+  (torchtitan's ``dp_shard_cp`` mesh). CP's group is the ``cp`` ranks ``tp`` apart.
 * PP: the bubble of the schedule (1F1B/GPipe ``(p-1)`` stage-microbatch times,
   Interleaved1F1B ``(p-1)/v``) and the send/recv of each stage boundary.
 * FSDP: per block, the all-gather of its bf16 parameters (forward; backward again when
@@ -94,17 +102,27 @@ class Layout:
     stages_per_rank: int = 1
     checkpoint: str = "none"  # none | mlp | attention | both (latent) | full (torchtitan AC)
     gpus_per_node: int = 8
+    cp: int = 1  # context parallel: each rank holds seq / cp of every sequence
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp_shard * self.dp_replicate
+        return self.tp * self.cp * self.pp * self.dp_shard * self.dp_replicate
+
+    @property
+    def fsdp(self) -> int:
+        """The ranks FSDP shards parameters over: torchtitan folds CP into it."""
+        return self.dp_shard * self.cp
+
+    @property
+    def local_seq(self) -> int:
+        return self.seq // self.cp
 
     @property
     def tokens_per_step(self) -> int:
         return self.micro_batch * self.seq * self.microbatches * self.dp_shard * self.dp_replicate
 
     def describe(self) -> str:
-        parts = [f"TP{self.tp}"]
+        parts = [f"TP{self.tp}"] + ([f"CP{self.cp}"] if self.cp > 1 else [])
         if self.pp > 1:
             v = f" v{self.stages_per_rank}" if self.stages_per_rank > 1 else ""
             parts.append(f"PP{self.pp} {self.schedule}{v}")
@@ -124,6 +142,7 @@ class Breakdown:
 
     terms: dict[str, float] = field(default_factory=dict)
     layout: Layout | None = None
+    ring_bytes_per_step: float = 0.0  # CP: what one rank receives in the ring, per step
 
     @property
     def step_s(self) -> float:
@@ -136,6 +155,10 @@ class Breakdown:
         total = self.step_s
         lines = [f"{k:34s} {v * 1e3:10.1f} ms  {v / total:6.1%}" for k, v in self.terms.items()]
         lines.append(f"{'step':34s} {total * 1e3:10.1f} ms")
+        if self.ring_bytes_per_step:
+            lines.append(
+                f"CP ring bytes per step per rank {self.ring_bytes_per_step / 2**30:.2f} GiB"
+            )
         return "\n".join(lines)
 
 
@@ -244,7 +267,9 @@ def step_time(args, layout: Layout, hw: GPU, eff: Efficiency) -> Breakdown:
     a = block_plan_args(args, plan)
     base_plan = "btp" if plan == "btp_sp" else plan
     b, s, T = L.micro_batch, L.seq, L.tp
-    t = b * s
+    if s % (2 * L.cp * T):
+        raise ValueError(f"seq {s}: must be divisible by 2 x cp {L.cp} x tp {T}")
+    t = b * L.local_seq  # tokens this rank holds (CP: its 1/cp of each sequence)
     w = _local_widths(a, plan, T)
     link = _link_bw(hw, eff, L, span=T, n=T)
     alpha = eff.alpha_s
@@ -252,7 +277,7 @@ def step_time(args, layout: Layout, hw: GPU, eff: Efficiency) -> Breakdown:
     # --- one block, one microbatch
     g_fwd = sum(gemm_time(g.m, g.k, g.n, hw, eff) for g in _gemms(a, base_plan, T, t))
     g_fwd += _lax_gate_flops(a, w, t) / (eff.gemm * hw.peak_bf16_flops)
-    attn_fwd = _attention_flops(a, w, b, s) / (eff.gemm * hw.peak_bf16_flops)
+    attn_fwd = _attention_flops(a, w, b, s) / L.cp / (eff.gemm * hw.peak_bf16_flops)
     ew_fwd = _elementwise_bytes(a, w, t) / (eff.hbm * hw.hbm_bytes_per_s)
     fwd_c, bwd_c = block_collectives(a, plan, T, t, dtype="bfloat16")
 
@@ -282,6 +307,7 @@ def step_time(args, layout: Layout, hw: GPU, eff: Efficiency) -> Breakdown:
         "attention (flash, fwd + bwd)": layers * 3.5 * attn_fwd,
         "elementwise (HBM-bound)": layers * 3 * ew_fwd + loss / L.pp,
         "TP collectives (exposed)": layers * (tp_fwd + tp_bwd) + ends_tp / L.pp,
+        "CP ring attention (exposed)": layers * _ring_exposed(L, w, t, hw, eff, attn_fwd),
         "recompute (checkpointing)": layers * recompute,
     }
     n = L.microbatches
@@ -297,11 +323,13 @@ def step_time(args, layout: Layout, hw: GPU, eff: Efficiency) -> Breakdown:
     terms["FSDP/HSDP comm (exposed)"] = _fsdp_exposed(
         L, hw, eff, block_params, ends_params, layers, block_fwd, block_bwd
     )
-    local_params = params_tp / L.pp / (L.dp_shard)
+    local_params = params_tp / L.pp / L.fsdp
     terms["optimizer (AdamW)"] = (
         local_params * ADAMW_BYTES_PER_PARAM / (eff.hbm * hw.hbm_bytes_per_s)
     )
-    return Breakdown(terms, layout)
+    ring = ring_bytes(L, w, t)
+    ring_step = 2 * ring["kv_all_gather"] + (L.cp - 1) * ring["dkv_hop"]
+    return Breakdown(terms, layout, layers * n * ring_step)
 
 
 def _link_bw(hw: GPU, eff: Efficiency, L: Layout, span: int, n: int) -> float:
@@ -310,6 +338,32 @@ def _link_bw(hw: GPU, eff: Efficiency, L: Layout, span: int, n: int) -> float:
     if span > L.gpus_per_node:
         return eff.link * hw.internode_bytes_per_s
     return eff.link * hw.nvlink_group_one_way(n)
+
+
+def ring_bytes(L: Layout, w: dict, t: int) -> dict[str, float]:
+    """One block, one microbatch, CP's traffic per rank (bytes received): the K/V
+    all-gather (forward, and again in backward) and the fp32 dK/dV ring hops."""
+    if L.cp == 1:
+        return {"kv_all_gather": 0.0, "dkv_hop": 0.0}
+    kv = 2 * t * w["kv"]  # this rank's K and V elements
+    return {"kv_all_gather": (L.cp - 1) * kv * BF16, "dkv_hop": kv * FP32}
+
+
+def _ring_exposed(L: Layout, w: dict, t: int, hw: GPU, eff: Efficiency, attn_fwd: float) -> float:
+    """Per block per microbatch: the ring's time not hidden behind attention tiles
+    (see the module docstring); ``attn_fwd``: this rank's whole forward attention."""
+    if L.cp == 1:
+        return 0.0
+    nb = ring_bytes(L, w, t)
+    bw = _link_bw(hw, eff, L, span=L.tp * L.cp, n=L.cp)
+    gather = nb["kv_all_gather"] / bw + (L.cp - 1) * eff.alpha_s
+    hop = nb["dkv_hop"] / bw + eff.alpha_s
+    tile_fwd, tile_bwd = attn_fwd / L.cp, 2.5 * attn_fwd / L.cp
+    return (
+        max(0.0, gather - tile_fwd)  # forward
+        + max(0.0, gather - tile_bwd)  # backward's re-gather
+        + (L.cp - 1) * max(0.0, hop - tile_bwd)
+    )
 
 
 def _recompute(a, plan, L, w, t, hw, eff, g_fwd, attn_fwd, ew_fwd, tp_fwd, comm) -> float:
@@ -361,18 +415,19 @@ def _p2p(a, L: Layout, w: dict, t: int, hw: GPU, eff: Efficiency) -> float:
 
 
 def _fsdp_exposed(L, hw, eff, block_params, ends_params, layers, block_fwd, block_bwd) -> float:
-    if L.dp_shard * L.dp_replicate == 1:
+    if L.fsdp * L.dp_replicate == 1:
         return 0.0
-    bw_shard = _link_bw(hw, eff, L, span=L.tp * L.dp_shard, n=L.dp_shard)
+    shard = L.fsdp  # dp_shard x cp ranks, tp apart
+    bw_shard = _link_bw(hw, eff, L, span=L.tp * shard, n=shard)
     bw_rep = _link_bw(hw, eff, L, span=L.world // L.pp, n=L.dp_replicate)
     a_s = eff.alpha_s
 
     def ag(p):
-        return ring_time("all_gather", p * BF16, L.dp_shard, bw_shard, a_s)
+        return ring_time("all_gather", p * BF16, shard, bw_shard, a_s)
 
     def rs(p):  # fp32 gradients; HSDP: the shard's all-reduce across replicas
-        return ring_time("reduce_scatter", p * FP32, L.dp_shard, bw_shard, a_s) + ring_time(
-            "all_reduce", p * FP32 / L.dp_shard, L.dp_replicate, bw_rep, a_s
+        return ring_time("reduce_scatter", p * FP32, shard, bw_shard, a_s) + ring_time(
+            "all_reduce", p * FP32 / shard, L.dp_replicate, bw_rep, a_s
         )
 
     ag_b, rs_b = ag(block_params), rs(block_params)

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-file", help="a custom GPU (TOML; see boost_titan.perf.hardware)")
     ap.add_argument("--plan", default=None, help="default: btp for low-rank, fullrank for dense")
     ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--cp", type=int, default=1, help="context parallel degree")
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--dp-shard", type=int, default=1)
     ap.add_argument("--dp-replicate", type=int, default=1)
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             a.stages_per_rank,
             a.checkpoint,
             a.gpus_per_node,
+            a.cp,
         )
         bd = step_time(args, lay, hw, eff)
     except ValueError as e:
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     terms=bd.terms,
                     step_s=bd.step_s,
                     tokens_per_s=bd.tokens_per_s(),
+                    cp_ring_bytes_per_step=bd.ring_bytes_per_step,
                 ),
                 indent=2,
             )

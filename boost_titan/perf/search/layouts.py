@@ -16,6 +16,9 @@ MICRO_BATCHES = (1, 2, 4, 8)
 PP_CHOICES = (("1F1B", 1), ("Interleaved1F1B", 2))
 LATENT_CKPT = ("none", "mlp", "attention", "both")
 BYTES_PARAM_GRAD_ADAM = 16  # fp32 parameter, gradient, two AdamW moments
+# context parallelism is ranked from this sequence length up: below it one rank's
+# sequence fits beside TP and the ring only adds traffic
+CP_FROM_SEQ = 16384
 
 
 @dataclass
@@ -55,6 +58,14 @@ def checkpoints_for(plan: str) -> tuple[str, ...]:
     return LATENT_CKPT if plan in ("btp", "btp_sp") else ("none", "full")
 
 
+def cp_choices(seq: int, tp: int, ranks: int) -> list[int]:
+    """CP degrees for ``ranks`` GPUs left after TP: 1, and from ``CP_FROM_SEQ`` every
+    divisor whose shards split the sequence in 2 x cp x tp (torch's load balancing)."""
+    if seq < CP_FROM_SEQ:
+        return [1]
+    return [cp for cp in _divisors(ranks) if seq % (2 * cp * tp) == 0]
+
+
 def stage_split(n_layers: int, stages: int) -> tuple[int, int] | None:
     """First/last stage 'less layers' that split the stack exactly (the recipes' rule:
     the embedding and the head count as layers), or None."""
@@ -84,11 +95,15 @@ def enumerate_layouts(
                 continue
             if plan == "vanilla" and tp == 1:
                 continue  # vanilla at TP 1 is btp at TP 1
-            for pp in _divisors(gpus // tp):
-                dp = gpus // (tp * pp)
+            for cp, pp in (
+                (c, p)
+                for c in cp_choices(seq, tp, gpus // tp)
+                for p in _divisors(gpus // (tp * c))
+            ):
+                dp = gpus // (tp * cp * pp)
                 for rep in _divisors(dp):
                     shard = dp // rep
-                    if rep > 1 and (shard == 1 or tp * shard % gpus_per_node):
+                    if rep > 1 and (shard == 1 or tp * cp * shard % gpus_per_node):
                         continue  # HSDP: a replica is whole nodes, sharded within
                     if global_batch % dp:
                         continue
@@ -120,6 +135,7 @@ def enumerate_layouts(
                                         v,
                                         ck,
                                         gpus_per_node,
+                                        cp,
                                     )
                                 )
     return out
@@ -135,6 +151,8 @@ def sections_for(model: str, flavor: str, lay: Layout, args) -> dict:
         "data_parallel_shard_degree": lay.dp_shard,
         "data_parallel_replicate_degree": lay.dp_replicate,
     }
+    if lay.cp > 1:
+        par["context_parallel_degree"] = lay.cp
     train = {"seq_len": lay.seq}
     if lay.pp > 1:
         first, last = stage_split(args.n_layers, lay.pp * lay.stages_per_rank)

@@ -1,6 +1,9 @@
 """A layout's memory per rank without tracing it whole: one microbatch's activations
-per block and at the stack's ends, traced once per (TP, plan, checkpointing) in small
-models and scaled; parameters, gradients and optimizer states analytically."""
+per block and at the stack's ends, traced once per (TP, plan, checkpointing, sequence
+per rank) in small models and scaled; parameters, gradients and optimizer states
+analytically. Under CP a rank's activations are those of its ``seq / cp`` tokens (the
+trace at that length; the dry run of a CP layout shows the same), plus the ring's
+gathered K/V of one block while its attention runs."""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ from boost_titan.perf.step_time import Layout
 # ---------------------------------------------------------------------------- memory
 
 
-def trace_key(lay: Layout) -> tuple[int, str, str]:
-    return (lay.tp, lay.plan, lay.checkpoint)
+def trace_key(lay: Layout) -> tuple[int, str, str, int]:
+    return (lay.tp, lay.plan, lay.checkpoint, lay.local_seq)
 
 
 def _trace_worker(model: str, flavor: str, seq: int, tp: int, combos: list) -> dict:
@@ -87,19 +90,19 @@ def trace_pool():
     return ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1)
 
 
-def trace_activations(model: str, flavor: str, seq: int, keys: set, pool) -> dict:
-    """{(tp, plan, ckpt): ActTrace}, one process of ``pool`` per TP degree."""
-    by_tp: dict[int, list] = {}
-    for tp, plan, ck in sorted(keys):
-        by_tp.setdefault(tp, []).append((plan, ck))
+def trace_activations(model: str, flavor: str, keys: set, pool) -> dict:
+    """{trace_key: ActTrace}, one process of ``pool`` per (TP degree, sequence)."""
+    groups: dict[tuple[int, int], list] = {}
+    for tp, plan, ck, seq in sorted(keys):
+        groups.setdefault((tp, seq), []).append((plan, ck))
     futures = {
-        tp: pool.submit(_trace_worker, model, flavor, seq, tp, combos)
-        for tp, combos in by_tp.items()
+        (tp, seq): pool.submit(_trace_worker, model, flavor, seq, tp, combos)
+        for (tp, seq), combos in groups.items()
     }
     out = {}
-    for tp, fut in futures.items():
+    for (tp, seq), fut in futures.items():
         for (plan, ck), (pb, ends) in fut.result().items():
-            out[(tp, plan, ck)] = ActTrace(pb, ends)
+            out[(tp, plan, ck, seq)] = ActTrace(pb, ends)
     return out
 
 
@@ -128,8 +131,8 @@ def estimate_memory(args, lay: Layout, act: ActTrace) -> dict:
     block = (params_tp - ends) / a.n_layers
     layers = math.ceil(a.n_layers / lay.pp)
     stage_params = block * layers + (ends if lay.pp == 1 else ends / 2)
-    static = BYTES_PARAM_GRAD_ADAM * stage_params / lay.dp_shard
-    if lay.dp_shard * lay.dp_replicate == 1:
+    static = BYTES_PARAM_GRAD_ADAM * stage_params / lay.fsdp  # CP ranks shard too
+    if lay.fsdp * lay.dp_replicate == 1:
         gathered = 0.0
     elif lay.pp == 1:  # this block and the prefetched one in bf16, one block's fp32 grads
         gathered = block * (2 * 2 + 4)
@@ -138,7 +141,9 @@ def estimate_memory(args, lay: Layout, act: ActTrace) -> dict:
     mb = lay.micro_batch
     # backward's largest temporary: the loss's fp32 gradient of the (vocab-parallel)
     # logits, alive on the last stage while the traced activations are
-    temporaries = mb * lay.seq * a.vocab_size / lay.tp * 4
+    temporaries = mb * lay.local_seq * a.vocab_size / lay.tp * 4
+    if lay.cp > 1:  # the ring's gathered K and V of the whole sequence, one block
+        temporaries += mb * lay.seq * 2 * a.kv_dim / lay.tp * 2
     stage_act = act.per_block * layers
     if lay.pp == 1:
         activations = mb * (stage_act + act.ends)

@@ -99,7 +99,7 @@ def _walk(ranked, traces, chosen, pool, args, model, flavor, seq, gpus, budget, 
                 if k[0] == key[0] and k not in traces
             }
             log(f"tracing activations (TP, plan, checkpointing): {sorted(batch)}")
-            traces.update(trace_activations(model, flavor, seq, batch, pool))
+            traces.update(trace_activations(model, flavor, batch, pool))
         c.memory = estimate_memory(args, c.layout, traces[key])
         if c.memory["total"] > budget:
             continue
