@@ -96,9 +96,7 @@ def enumerate_layouts(
             if plan == "vanilla" and tp == 1:
                 continue  # vanilla at TP 1 is btp at TP 1
             for cp, pp in (
-                (c, p)
-                for c in cp_choices(seq, tp, gpus // tp)
-                for p in _divisors(gpus // (tp * c))
+                (c, p) for c in cp_choices(seq, tp, gpus // tp) for p in _divisors(gpus // (tp * c))
             ):
                 dp = gpus // (tp * cp * pp)
                 for rep in _divisors(dp):
