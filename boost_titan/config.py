@@ -113,6 +113,11 @@ class Boost:
     block), so the re-forward skips attention, its costliest op; "none" keeps only
     the reduced latents and the residual shard."""
 
+    rope_theta: float = 0.0
+    """RoPE base frequency (0: the flavor's or the converted step's, LLaMA 2: 10000).
+    Long context raises it so the slowest rotation spans the sequence (docs/training.md:
+    "Longer sequences"); any model, dense or low-rank."""
+
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s used for MFU on CPU runs (0: measure an fp32 matmul at start-up).
     `boost-titan peak-flops` prints this machine's figure."""
@@ -247,6 +252,11 @@ def validate_boost_config(boost: Boost) -> None:
     if boost.latent_checkpoint_every < 1:
         raise ValueError(
             f"[boost] latent_checkpoint_every = {boost.latent_checkpoint_every} must be >= 1"
+        )
+    if not 0 <= boost.rope_theta < float("inf"):
+        raise ValueError(
+            f"[boost] rope_theta = {boost.rope_theta} must be a finite number > 0 "
+            "(0: the model's own)"
         )
     if boost.rank < 0:
         raise ValueError(f"[boost] rank = {boost.rank} must be >= 0 (0 = flavor default)")

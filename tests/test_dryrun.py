@@ -124,14 +124,15 @@ def _recipes() -> list[tuple[str, int, int]]:
 
 def test_every_recipe_fits_at_its_world_size():
     """Every recipe builds, shards and fits an 80 GB GPU (10% headroom) at the world
-    size it is written for: all 54 roles (one per pipeline rank) in one pool, one
-    process per core, each forked from a server that imported torchtitan once (the
-    CLI's JSON path is covered above and below)."""
+    size it is written for (the long-context ones under CP2 and CP8 too): all 58 roles
+    (one per pipeline rank) in one pool, one process per core, each forked from a
+    server that imported torchtitan once (the CLI's JSON path is covered above and
+    below)."""
     from boost_titan.perf.dryrun import fits
     from boost_titan.perf.recipes import _dry_runs
 
     recipes = _recipes()
-    assert len(recipes) == 26 and all((REPO / r).is_file() for r, _, _ in recipes)
+    assert len(recipes) == 30 and all((REPO / r).is_file() for r, _, _ in recipes)
     reports = _dry_runs([(str(REPO / r), g) for r, g, _ in recipes])
     bad = []
     for (recipe, gpus, pp), roles in zip(recipes, reports):
@@ -145,7 +146,7 @@ def test_every_recipe_fits_at_its_world_size():
         if not ok:
             bad.append((recipe, peak))
     assert not bad, bad
-    assert sum(len(roles) for roles in reports) == 54
+    assert sum(len(roles) for roles in reports) == 58
 
 
 def test_too_big_layout_is_refused_with_the_figure():

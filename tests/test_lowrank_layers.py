@@ -469,6 +469,9 @@ def test_bad_boost_choice_raises_with_valid_choices(field, value, valid):
         ({"rank_ratio": 1.5}, "rank_ratio"),
         ({"rank_ratio": -0.1}, "rank_ratio"),
         ({"rank": 32, "rank_ratio": 0.25}, "rank"),
+        ({"rope_theta": -1.0}, r"rope_theta = -1.0 must be a finite number > 0"),
+        ({"rope_theta": float("nan")}, "rope_theta = nan"),
+        ({"rope_theta": float("inf")}, "rope_theta = inf"),
     ],
 )
 def test_bad_boost_numbers_raise(kw, match):
@@ -493,6 +496,7 @@ def test_update_from_config_overrides():
     )
     assert (a.max_seq_len, a.rank, a.kv_rank, a.effective_kv_rank) == (48, 32, 8, 8)
     assert (a.lax_gate, a.group_linears, a.activation) == ("dense", False, "none")
+    assert a.rope_theta == 10000.0  # 0: the flavor's
     m = Transformer(a)
     assert m.layers["0"].attention.wq.down.weight.shape == (32, 64)
     assert m.layers["0"].attention.wk.down.weight.shape == (8, 64)
@@ -506,8 +510,12 @@ def test_update_from_config_overrides():
     assert (c.rank, c.effective_kv_rank, c.max_seq_len) == (24, 16, 48)
 
     d = LlamaArgs(dim=64, n_heads=4, ffn_dim=96, vocab_size=97)  # dense ignores ranks
-    d.update_from_config(fake_job(Boost(rank=32)))
-    assert d.rank == 0 and d.arch == "dense"
+    d.update_from_config(fake_job(Boost(rank=32, rope_theta=500000.0)))
+    assert d.rank == 0 and d.arch == "dense" and d.rope_theta == 500000.0
+    # the table the model rotates with is the new base's: position 1's slowest pair
+    # turns by 500000^(-(hd - 2) / hd) radians
+    angle = torch.angle(Transformer(d)._precompute_freqs_cis()[1, -1]).item()
+    assert angle == pytest.approx(500000.0 ** (-(16 - 2) / 16), rel=1e-5)
 
     e = small_args("cola")
     e.update_from_config(fake_job(None))  # no [boost] section at all

@@ -163,6 +163,8 @@ class LlamaArgs(BaseModelArgs):
         boost = getattr(job_config, "boost", None)
         if boost is not None:
             validate_boost_config(boost)
+            if boost.rope_theta:
+                self.rope_theta = boost.rope_theta
             if self.low_rank:
                 if boost.rank:
                     self.rank = boost.rank

@@ -6,7 +6,10 @@
 
 Every recipe extends ``recipes/base/gpu.toml`` and sets only its model, its layout (the
 BOOST paper's: 3B TP2, 7B TP4, 13B TP4 x PP2, 30B/34B TP4 x PP4, FSDP2 over the rest;
-1B FSDP2 only) and its activation memory option. That last choice is the dry run's
+1B FSDP2 only) and its activation memory option. The long-context recipes (``7b_32k``
+on 8 GPUs, ``7b_128k`` on 32; CoLA and its dense twin) keep the 7B's TP4 and split
+the sequence over the GPUs it leaves (context parallelism: CP2, CP8), one sequence per
+step per replica, RoPE theta raised to 500000 (``LONG_CONTEXT``). That last choice is the dry run's
 (:mod:`boost_titan.perf.dryrun`), not ours: the first option, in order of cost, whose peak
 fits ``--gpu-memory`` less the headroom. Low-rank models under BTP: nothing, then
 latent checkpointing of the MLP chunks, the attention chunks, both, each first
@@ -33,7 +36,49 @@ LAYOUTS = {
     "13b": (4, 2, 16),
     "30b": (4, 4, 32),
     "34b": (4, 4, 32),
+    "7b_32k": (4, 1, 8),
+    "7b_128k": (4, 1, 32),
 }
+
+
+@dataclass(frozen=True)
+class LongContext:
+    flavor: str
+    seq: int
+    cp: int
+
+
+# sizes trained on long sequences: the flavor, the sequence and its CP degree. RoPE
+# theta 500000 (Xiong et al. 2023, "Effective Long-Context Scaling": a larger base
+# keeps the slowest rotation longer than the sequence; LLaMA 3 pre-trains with it)
+LONG_CONTEXT = {
+    "7b_32k": LongContext("7b", 32768, 2),
+    "7b_128k": LongContext("7b", 131072, 8),
+}
+LONG_CONTEXT_ARCHS = ("dense", "cola")
+LONG_CONTEXT_ROPE_THETA = 500000.0
+
+
+def flavor_of(size: str) -> str:
+    return LONG_CONTEXT[size].flavor if size in LONG_CONTEXT else size
+
+
+def cp_of(size: str) -> int:
+    return LONG_CONTEXT[size].cp if size in LONG_CONTEXT else 1
+
+
+def layout_label(size: str, sep: str = " x ") -> str:
+    """``TP4 x CP2`` / ``TP4 x PP2 x FSDP2`` (the data-parallel rest: FSDP; under CP
+    FSDP shards over the CP ranks too, unnamed here when it is CP alone)."""
+    tp, pp, gpus = LAYOUTS[size]
+    cp = cp_of(size)
+    dp = gpus // (tp * pp * cp)
+    parts = [f"TP{tp}"] + ([f"PP{pp}"] if pp > 1 else []) + ([f"CP{cp}"] if cp > 1 else [])
+    if dp > 1 or cp == 1:
+        parts.append(f"FSDP{dp}")
+    return sep.join(parts)
+
+
 LR = {"dense": 3e-4, "svd": 3e-3, "cola": 3e-3, "lax": 3e-3}
 # svd_llama2 trained with LORO (boost_titan.optim.loro) at these sizes. 1B is the
 # reference's own script (mzf666/LORO-main scripts/loro_c4/llama_1b.sh: lr 5e-3, exact
@@ -100,7 +145,8 @@ def all_recipes() -> list[tuple[str, str, str]]:
     """(arch, size, optimizer) of every recipe, in table order."""
     out = []
     for size in LAYOUTS:
-        out += [(arch, size, "AdamW") for arch in ARCHS]
+        archs = LONG_CONTEXT_ARCHS if size in LONG_CONTEXT else ARCHS
+        out += [(arch, size, "AdamW") for arch in archs]
         if size in LORO_SIZES:
             out.append(("svd", size, "LORO"))
     return out
@@ -120,7 +166,7 @@ def recipe_toml(arch: str, size: str, ckpt: Checkpointing, optimizer: str = "Ada
     tp, pp, gpus = LAYOUTS[size]
     plan = "fullrank" if arch == "dense" else "btp"
     name = recipe_name(arch, size, optimizer)
-    layout = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "") + f", FSDP2 x{gpus // (tp * pp)}"
+    layout = layout_label(size)
     lines = [
         f"# {MODEL_NAME[arch]} {size}: {layout} on {gpus} GPUs, {plan} TP plan, "
         f"activation memory: {ckpt.label}"
@@ -141,13 +187,17 @@ def recipe_toml(arch: str, size: str, ckpt: Checkpointing, optimizer: str = "Ada
         )
     sections: dict[str, dict[str, object]] = {
         "job": {"dump_folder": f"./outputs/{name}", "description": f"{name}, {layout}"},
-        "model": {"name": MODEL_NAME[arch], "flavor": size},
+        "model": {"name": MODEL_NAME[arch], "flavor": flavor_of(size)},
         "optimizer": LORO[size] if optimizer == "LORO" else {"lr": LR[arch]},
         "parallelism": {"tensor_parallel_degree": tp},
         "boost": {"tp_plan": plan},
     }
+    if size in LONG_CONTEXT:
+        sections["parallelism"]["context_parallel_degree"] = cp_of(size)
+        sections["training"] = {"seq_len": LONG_CONTEXT[size].seq, "local_batch_size": 1}
+        sections["boost"]["rope_theta"] = LONG_CONTEXT_ROPE_THETA
     if pp > 1:
-        n_layers = flavors_for(arch)[size].n_layers
+        n_layers = flavors_for(arch)[flavor_of(size)].n_layers
         first, last = stage_split_of(n_layers, pp * STAGES_PER_RANK)
         sections["parallelism"].update(
             pipeline_parallel_degree=pp,
@@ -241,10 +291,10 @@ TABLE_HEAD = [
 def table_row(
     arch: str, size: str, optimizer: str, label: str, roles, sp_peak: float | None
 ) -> str:
-    tp, pp, gpus = LAYOUTS[size]
+    gpus = LAYOUTS[size][2]
     worst = max(roles, key=lambda r: r.peak_bytes)
     static = max(r.params_bytes + r.grads_bytes + r.optimizer_bytes for r in roles)
-    layout = f"TP{tp}" + (f" x PP{pp}" if pp > 1 else "") + f" x FSDP{gpus // (tp * pp)}"
+    layout = layout_label(size)
     return (
         f"| {recipe_name(arch, size, optimizer)} | {layout} | {gpus} | {label} | "
         f"{worst.peak_bytes / 2**30:.1f} | {static / 2**30:.1f} | "
