@@ -47,7 +47,10 @@ from pathlib import Path
 PHASES = ("config", "mesh", "model", "shards", "data", "folder", ".metadata", "open_step")
 MARK = "STARTUP "  # the child's result line
 # the recipe's data and tokenizer are not on this machine: the embedded corpus instead
-DATA = ["--training.dataset", "boost_corpus", "--model.hf_assets_path", "data/boost_corpus/tokenizer"]
+DATA = ["--training.dataset", "boost_corpus", "--training.dataset_path", "data/boost_corpus/train",
+        "--model.hf_assets_path", "data/boost_corpus/tokenizer"]  # fmt: skip
+# the synthesized step holds the model and optimizer only (what grows with the world)
+PARTIAL = ["--checkpoint.exclude_from_loading", "lr_scheduler,dataloader,train_state"]
 
 
 # ---------------------------------------------------------------- one rank (the child)
@@ -186,10 +189,17 @@ def synthesize_step(config_args: list[str], world: int, folder: Path) -> int:
 # ---------------------------------------------------------------- the table
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def _run(args: list[str]) -> str:
-    proc = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, check=False
-    )
+    """This script run with ``args`` in a fresh process, from the repo (its relative
+    paths: recipes, data), importing this checkout's boost_titan."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    env.pop("WORLD_SIZE", None)  # (the world size is the child's argument)
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                          check=False, cwd=REPO, env=env)  # fmt: skip
     if proc.returncode != 0:
         sys.exit(f"{' '.join(args[:4])}: failed\n{proc.stderr[-4000:]}")
     return proc.stdout
@@ -204,7 +214,7 @@ def child_line(args: list[str]) -> dict:
 FIGURES = (
     ("seconds", "s", lambda v: f"{v:.3f}"),
     ("peak RSS above the phase's start, MiB", "peak", lambda v: f"{v / 2**20:.0f}"),
-    ("child's peak RSS so far (ru_maxrss), MiB", "maxrss", lambda v: f"{v / 2**20:.0f}"),
+    ("child's peak RSS in the phase (ru_maxrss), MiB", "maxrss", lambda v: f"{v / 2**20:.0f}"),
     ("file system calls", "fs", str),
     ("process groups created (new_group calls)", "made", str),
     ("process groups joined", "joined", str),
@@ -251,6 +261,7 @@ def main() -> None:
         try:
             common = ["--config", a.config, "--rank", a.rank]
             tail = ["--", *overrides, "--job.dump_folder", str(dump)]
+            tail += [] if a.no_load else PARTIAL
             if not a.no_load:
                 step = str(dump / "checkpoint" / "step-100")
                 items[world] = child_line([*common, "--synth", str(world), "--step", step, *tail])
