@@ -88,9 +88,6 @@ def rank_startup(config_args: list[str], world: int, last: bool) -> dict[str, di
     from boost_titan.perf.dryrun import quiet_warnings
 
     quiet_warnings()
-    # what a training process imports before it starts (not a cost of the world size)
-    import boost_titan.train.trainer  # noqa: F401
-
     import pickle
 
     import torch
@@ -98,6 +95,8 @@ def rank_startup(config_args: list[str], world: int, last: bool) -> dict[str, di
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    # (the trainer: what a training process imports before it starts, not timed)
+    import boost_titan.train.trainer  # noqa: F401
     from boost_titan.checkpoint import integrity, run_id
     from boost_titan.checkpoint import lock as folder_lock
     from boost_titan.checkpoint.folder import complete_steps, step_dir

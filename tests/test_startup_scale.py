@@ -43,3 +43,45 @@ def test_start_up_counts_do_not_grow_with_the_world(tmp_path):
     assert small["mesh"]["fs"] == large["mesh"]["fs"]
     assert small["mesh"]["joined"] == large["mesh"]["joined"] > 0  # the rank's groups
     assert ".metadata" not in small  # (no step in a new dump folder: nothing loaded)
+
+
+def _collectives(monkeypatch, world: int, differs: bool) -> list[str]:
+    """The collectives ``loader.agree`` calls on one rank of a gloo world of ``world``
+    ranks, stood in for (rank 0's view is this rank's; ``differs``: another rank's
+    is not)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from boost_titan.data import loader
+
+    calls: list[str] = []
+
+    def all_reduce(t, op=None):
+        calls.append("all_reduce")
+        t.fill_(int(differs))
+
+    def all_gather_object(out, obj):
+        calls.append(f"all_gather_object x{len(out)}")
+        out[:] = [obj] * len(out)
+
+    for name, fn in {
+        "is_initialized": lambda: True,
+        "get_world_size": lambda *a: world,
+        "get_backend": lambda *a: "gloo",
+        "broadcast_object_list": lambda box, src: calls.append("broadcast_object_list"),
+        "all_reduce": all_reduce,
+        "all_gather_object": all_gather_object,
+    }.items():
+        monkeypatch.setattr(dist, name, fn)
+    monkeypatch.setattr(distributed_c10d, "_get_object_coll_device", lambda *a: "cpu")
+    loader.agree({"seq_len": 16, "corpora": []}, "corpus")
+    return calls
+
+
+def test_data_agreement_receives_one_view_at_any_world(monkeypatch):
+    """Every rank's data view is compared with rank 0's before step 1: a rank receives
+    rank 0's view and one flag, not every rank's view (which grew with the world)."""
+    for world in (8, 1024):
+        assert _collectives(monkeypatch, world, False) == ["broadcast_object_list", "all_reduce"]
+    # a rank differs: then (only) every view is gathered, for the line that names it
+    assert _collectives(monkeypatch, 1024, True)[-1] == "all_gather_object x1024"
