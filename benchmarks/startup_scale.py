@@ -26,7 +26,8 @@ moments) x one chunk per rank, in N files, in the dump folder's checkpoint folde
 config check, which opens the step a resume would load, and the folder phase see it).
 
 Prints per phase and world size: seconds, the peak RSS above the phase's start, the
-child's peak RSS so far (``ru_maxrss``), file system calls (``checkpoint_scale.Calls``)
+child's peak RSS in the phase (``ru_maxrss``: ``checkpoint_scale.measure`` resets the
+high-water mark at each phase's start), file system calls (``checkpoint_scale.Calls``)
 and process groups created (``new_group`` calls, on every rank, member or not) and
 joined; and the last world's figure over the first's. The data phase reads the repo's
 embedded corpus (``data/boost_corpus``, its tokenizer): the recipe's is not here.
