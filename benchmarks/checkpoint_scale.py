@@ -167,6 +167,22 @@ def writer(folder: Path) -> filesystem.FileSystemWriter:
     return w
 
 
+def sparse_files(folder: Path, sizes: dict) -> None:
+    """The data files of a step: sparse, of their sizes (only metadata is ever read)."""
+    for name, size in sizes.items():
+        with open(folder / name, "wb") as f:
+            f.truncate(size)
+
+
+def sealed_step(folder: Path, tensors: int, files: int) -> None:
+    """A step of ``files`` ranks as our save leaves it (``.metadata``, the manifest,
+    sparse data files), written without measuring (for benchmarks that load it)."""
+    metadata, per_rank, sizes = results(tensors, files)
+    per_rank = [dcp_hooks._with_part(wrs) for wrs in per_rank]
+    dcp_hooks.finish(writer(folder), metadata, per_rank)
+    sparse_files(folder, sizes)
+
+
 # ---------------------------------------------------------------- phases
 
 
@@ -232,9 +248,7 @@ def main() -> None:
         parts = hasattr(dcp_hooks, "_with_part")  # (a rank's part: since #48)
         plain_save, _, _ = save(dcp_hooks._torch_finish, plain_step, tensors, args.files, False)
         our_save, sizes, rank_s = save(dcp_hooks.finish, our_step, tensors, args.files, parts)
-        for name, size in sizes.items():  # the data files: sparse, of their sizes
-            with open(our_step / name, "wb") as f:
-                f.truncate(size)
+        sparse_files(our_step, sizes)
 
         # one rank at load
         def plain_load():

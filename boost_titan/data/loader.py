@@ -15,11 +15,11 @@ per-rank loader (its position resumes only at its own dp degree,
 ``boost_titan.checkpoint.data_position``).
 
 Before the first step every rank's view of its data (each corpus' digest, the blend,
-seed, ``seq_len``) is gathered and compared (:func:`agree`): a rank that sees another
-corpus, or cannot read it, stops every rank with one line (never a hang in a later
-collective), and a corpus tokenized with another tokenizer than ``[model]
-hf_assets_path`` is refused (:func:`check_tokenizer`). One log line per rank says what
-it reads.
+seed, ``seq_len``) is compared with rank 0's (:func:`agree`; a rank receives one view,
+not every rank's): a rank that sees another corpus, or cannot read it, stops every rank
+with one line (never a hang in a later collective), and a corpus tokenized with another
+tokenizer than ``[model] hf_assets_path`` is refused (:func:`check_tokenizer`). One log
+line per rank says what it reads.
 """
 
 from __future__ import annotations
@@ -167,8 +167,9 @@ def check_tokenizer(corpora: list[TokenizedCorpus], tokenizer_dir: str, name: st
 
 def agree(view, name: str) -> None:
     """Every rank's view of its data (a dict, or the error that stopped it from reading
-    it) gathered and compared with rank 0's; any difference stops every rank with one
-    line. Nothing to compare without a process group (or on the dry run's fake one)."""
+    it) compared with rank 0's; any difference stops every rank with one line (every
+    view is gathered then, to name the first rank that differs). Nothing to compare
+    without a process group (or on the dry run's fake one)."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_backend() == "fake":
@@ -176,6 +177,11 @@ def agree(view, name: str) -> None:
             raise view
         return
     mine = f"error: {view}" if isinstance(view, CorpusError) else json.dumps(view, sort_keys=True)
+    if _same_as_rank0(mine):  # (every rank's, or every rank failed alike)
+        if isinstance(view, CorpusError):
+            raise view
+        return
+    # someone differs: every rank's view, for the line that names the first one
     views: list = [None] * dist.get_world_size()
     dist.all_gather_object(views, mine)
     if isinstance(view, CorpusError):
@@ -197,6 +203,21 @@ def agree(view, name: str) -> None:
             f"{len(differ)} of {len(views)} ranks differ from rank 0): every rank must "
             "read the same corpus (the same folder listing and files on every node)"
         )
+
+
+def _same_as_rank0(mine: str) -> bool:
+    """Whether every rank's view is rank 0's: rank 0's broadcast, each rank compares its
+    own, and one flag is reduced, so a rank receives one view at any world size (issue
+    #48: gathering every rank's view cost each rank O(world) bytes at every start)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_object_coll_device
+
+    box = [mine]
+    dist.broadcast_object_list(box, src=0)
+    differs = torch.tensor([int(mine != box[0])], device=_get_object_coll_device())
+    dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+    return not differs.item()
 
 
 def _build(job_config, section, dp_world_size, dp_rank, infinite, **kwargs):

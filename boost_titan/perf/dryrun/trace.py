@@ -4,6 +4,7 @@ FakeTensorMode (the dry run) or on real tensors (``--measure``)."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 from boost_titan.perf.dryrun.breakdown import ActivationBreakdown, BlockRoles, SavedBreakdown
 from boost_titan.perf.dryrun.report import RoleReport
@@ -104,6 +105,58 @@ def _parallel_dims(config, world_size: int):
     return pd
 
 
+@dataclass
+class Role:
+    """One rank's share of a model as a run builds it, before any tensor is allocated."""
+
+    args: object  # the model args
+    plan: str  # the TP plan resolved for them
+    schedule: object | None  # the pipeline schedule (None without PP)
+    stages: list  # the schedule's stages on this rank (empty without PP)
+    parts: list  # the model parts (one without PP), parallelized, on the meta device
+    stage_ids: list[int]
+    microbatch: int  # samples in one microbatch
+    microbatches: int  # microbatches of a local batch
+
+
+def build_role(config, pd, device, args=None) -> Role:
+    """Build the model on the meta device and parallelize it as the trainer does:
+    ``parallelize_boost`` (TP + FSDP2), through torchtitan's ``pipeline_llm`` with PP.
+    ``args``: these model args instead of the config's model and flavor."""
+    import torch
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.tools import utils as tt_utils
+
+    from boost_titan.models.model import Transformer
+    from boost_titan.parallel.parallelize import parallelize_boost
+    from boost_titan.parallel.pipeline import build_loss_fn
+    from boost_titan.tp_plans import resolve_tp_plan
+    from boost_titan.train.config_check import config_args
+
+    args = config_args(config) if args is None else args
+    plan = resolve_tp_plan(config.boost.tp_plan, args)
+    with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+        model = Transformer(args)
+    if not pd.pp_enabled:
+        parts = [parallelize_boost(model, pd, config)]
+        return Role(args, plan, None, [], parts, [0], config.training.local_batch_size, 1)
+    schedule, parts, _, _ = pipeline_llm(
+        model, pd, config, device, args, parallelize_boost, build_loss_fn(config)
+    )
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    return Role(
+        args,
+        plan,
+        schedule,
+        stages,
+        parts,
+        [st.stage_index for st in stages],
+        config.parallelism.pipeline_parallel_microbatch_size,
+        schedule._n_microbatches,
+    )
+
+
 def _step_tracker():
     """torch's MemTracker, keeping only the whole-rank peak: its per-module peaks loop
     over every module on every op (half the dry run's time) and are not reported."""
@@ -174,34 +227,14 @@ def trace_role(config, pd, *, fake: bool, device=None, args=None) -> RoleReport:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.distributed.pipeline_parallel import pipeline_llm
-    from torchtitan.tools import utils as tt_utils
 
-    from boost_titan.models.model import Transformer
-    from boost_titan.parallel.parallelize import parallelize_boost
-    from boost_titan.parallel.pipeline import build_loss_fn
-    from boost_titan.tp_plans import resolve_tp_plan
-    from boost_titan.train.config_check import config_args
     from boost_titan.train.specs import build_optimizers
 
-    p = config.parallelism
     pp_rank = pd.get_mesh("pp").get_local_rank() if pd.pp_enabled else 0
-    args = config_args(config) if args is None else args
-    plan = resolve_tp_plan(config.boost.tp_plan, args)
-    with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
-        model = Transformer(args)
     device = device or torch.device("cpu")
-    if pd.pp_enabled:
-        schedule, parts, _, _ = pipeline_llm(
-            model, pd, config, device, args, parallelize_boost, build_loss_fn(config)
-        )
-        stages = getattr(schedule, "_stages", None) or [schedule._stage]
-        stage_ids = [st.stage_index for st in stages]
-        n_mb = schedule._n_microbatches
-        mb = p.pipeline_parallel_microbatch_size
-    else:
-        schedule, parts, stage_ids = None, [parallelize_boost(model, pd, config)], [0]
-        mb, n_mb = config.training.local_batch_size, 1
+    role = build_role(config, pd, device, args)
+    args, plan, schedule, parts = role.args, role.plan, role.schedule, role.parts
+    stages, stage_ids, mb, n_mb = role.stages, role.stage_ids, role.microbatch, role.microbatches
     # gradient accumulation: torchtitan runs the local batch (with PP: the schedule's
     # n_mb microbatches) this many times per optimizer step
     gbs, dp = config.training.global_batch_size, pd.dp_replicate * pd.dp_shard
