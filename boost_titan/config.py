@@ -34,6 +34,9 @@ PP_SCHEDULES = (
     "ZBVZeroBubble",
     "DualPipeV",
 )
+# the schedules whose pipelines run under context parallelism tested against one
+# process (tests/test_composition.py: CP2 x PP2); the others are refused with CP
+CP_PP_SCHEDULES = ("1F1B",)
 NAN_POLICIES = ("stop", "skip")
 OPTIMIZERS = ("Adam", "AdamW", "LORO")
 LORO_REFRESH = ("all", "factors", "regular", "none")

@@ -7,6 +7,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+from boost_titan.config import CP_PP_SCHEDULES
 from boost_titan.perf.step_time import Breakdown, Layout
 
 GIB = 2**30
@@ -111,6 +112,8 @@ def enumerate_layouts(
                             continue
                         n_mb = per_replica // mb
                         scheds = PP_CHOICES if pp > 1 else (("1F1B", 1),)
+                        if cp > 1:  # what the config check accepts under CP
+                            scheds = tuple(x for x in scheds if x[0] in CP_PP_SCHEDULES)
                         for sched, v in scheds:
                             if pp > 1 and (
                                 stage_split(args.n_layers, pp * v) is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 
-from boost_titan.config import PP_SCHEDULES
+from boost_titan.config import CP_PP_SCHEDULES, PP_SCHEDULES
 from boost_titan.train.config_check.common import (
     ConfigError,
     ConfigPathError,
@@ -102,6 +102,19 @@ def _check_parallelism(config, world_size: int | None) -> dict[str, int]:
                 "pipeline_parallel_schedule",
                 p.pipeline_parallel_schedule,
                 f"is not valid; choose one of {list(PP_SCHEDULES)}",
+            )
+        if p.context_parallel_degree > 1 and (
+            p.pipeline_parallel_schedule_csv
+            or p.pipeline_parallel_schedule.lower() not in {s.lower() for s in CP_PP_SCHEDULES}
+        ):
+            key = "schedule_csv" if p.pipeline_parallel_schedule_csv else "schedule"
+            raise bad(
+                "parallelism",
+                f"pipeline_parallel_{key}",
+                getattr(p, f"pipeline_parallel_{key}"),
+                f"with context_parallel_degree {p.context_parallel_degree} is not verified "
+                f"against one process (CP with PP is tested under {list(CP_PP_SCHEDULES)}); "
+                f"use {CP_PP_SCHEDULES[0]}",
             )
         _at_least(
             "parallelism",
