@@ -42,7 +42,20 @@ def _job_config(case: dict):
         argv.append("--boost.sequence_parallel")
     if case.get("compile"):
         argv += ["--compile.enable", "--compile.backend", "aot_eager"]
+    if case.get("optimizer") == "LORO":  # its exact step (W = B A rewritten) at step 2
+        argv += ["--model.name", "svd_llama2", "--optimizer.name", "LORO"]
+        argv += ["--optimizer.loro_freq", "2"]
     return parse_config(argv)
+
+
+def _optimizer(case: dict, parts: list, dims):
+    """torch's AdamW, or (``optimizer``: LORO) the trainer's builder for the case's
+    config on ``dims`` (the reference: one rank)."""
+    if case.get("optimizer") == "LORO":
+        from boost_titan.train.specs import build_optimizers
+
+        return build_optimizers(parts, _job_config(case).optimizer, dims)
+    return torch.optim.AdamW(parts[0].parameters(), lr=1e-3, eps=1e-4, weight_decay=0.1)
 
 
 def _model(args):
@@ -55,10 +68,13 @@ def _model(args):
     return model
 
 
-def _reference(args, batches):
+def _reference(case: dict, args, batches):
     """(losses, gradients per step) of the whole model on whole batches."""
+    from torchtitan.distributed import ParallelDims
+
     model = _model(args)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4, weight_decay=0.1)
+    one = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    opt = _optimizer(case, [model], one)
     losses, grads = [], []
     for tokens, labels in batches:
         logits = model(tokens)
@@ -91,7 +107,7 @@ def _layout(case: dict, args, batches, world: int):
     model = parallelize_boost(_model(args), dims, job_config)
     loss_fn = build_loss_fn(job_config)
     context = dist_utils.get_train_context(dims.tp_enabled)  # loss-parallel under TP
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4, weight_decay=0.1)
+    opt = _optimizer(case, [model], dims)
     dp_rank = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
     losses, grads = [], []
     for tokens, labels in batches:
@@ -157,7 +173,7 @@ def _worker(rank: int, world: int, init_file: str, cases: list, out_file: str):
                 )
                 for _ in range(STEPS)
             ]
-            ref = _reference(copy.deepcopy(args), batches)
+            ref = _reference(case, copy.deepcopy(args), batches)
             got = _layout(case, copy.deepcopy(args), batches, world)
             results.append(dict(case, **_compare(ref, got)))
             torch._dynamo.reset()
@@ -170,7 +186,7 @@ def _worker(rank: int, world: int, init_file: str, cases: list, out_file: str):
 
 def run_cases(cases: list[dict], world: int, workdir: str) -> list[dict]:
     """Run ``cases`` (each: arch, cp, tp, dp, plan[, sp, compile, latent_checkpoint, ac,
-    flavor, layers]) in one launch of ``world`` gloo ranks."""
+    flavor, layers, optimizer]) in one launch of ``world`` gloo ranks."""
     from launcher import spawn
 
     os.makedirs(workdir, exist_ok=True)
