@@ -129,7 +129,8 @@ def _layout(case: dict, args, batches, world: int):
         })  # fmt: skip
         opt.step()
         opt.zero_grad()
-    compiled = sum(type(m).__name__ == "OptimizedModule" for m in model.modules())
+    # FSDP2 renames a sharded module's class (FSDPOptimizedModule): ask isinstance
+    compiled = sum(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in model.modules())
     return losses, grads, compiled
 
 

@@ -3,11 +3,11 @@ over ranks, ring attention on every block, exact against one process.
 
 Gradient by gradient (``cp_check.py``: fp32, 3 AdamW steps from the same weights, every
 parameter's gradient within 1e-5 of the single process's, relative to its largest
-entry) for each architecture under CP2 x FSDP2 (and LORO on SVD), CoLA under CP2 x
-BTP TP2 (with and without sequence-parallel latents, with latent checkpointing) and
-compiled. The
-trainer's own runs (CP2 x BTP TP2 with SP, CP2 x PP2, CP2 x FSDP2 against the
-single-process run's losses and gradient norms) are in ``test_composition.py``.
+entry) for each architecture under CP2 x FSDP2 (with selective and full AC, and LORO
+on SVD), CoLA under CP2 x BTP TP2 (with and without sequence-parallel latents, with
+latent checkpointing) and compiled. The trainer's own runs (CP2 x BTP TP2 with SP, CP2
+x PP2, CP2 x FSDP2 against the single-process run's losses and gradient norms) are in
+``test_composition.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ CASES = [
     {"arch": "lax", "cp": 2, "tp": 1, "dp": 2, "plan": "auto"},
     {"arch": "svd", "cp": 2, "tp": 1, "dp": 2, "plan": "auto"},
     {"arch": "dense", "cp": 2, "tp": 1, "dp": 2, "plan": "auto"},
+    # torchtitan's activation checkpointing re-runs the ring in backward
+    {"arch": "cola", "cp": 2, "tp": 1, "dp": 2, "plan": "auto", "ac": "selective"},
+    {"arch": "dense", "cp": 2, "tp": 1, "dp": 2, "plan": "auto", "ac": "full"},
     # LORO on SVD: its exact step (step 2) rewrites the FSDP shards over dp x cp
     {"arch": "svd", "cp": 2, "tp": 1, "dp": 2, "plan": "auto", "optimizer": "LORO"},
     # CP2 x BTP TP2: the ring inside BTP's chunks, latents sharded on d (and on the
