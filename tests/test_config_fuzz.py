@@ -296,6 +296,22 @@ FIXED: list[tuple[Case, str, str]] = [
         "[boost] group_linears is a flag and takes no value (got 'false'): "
         "write --boost.group_linears to set it or --boost.no-group-linears",
     ),
+    # --- folders the run writes: a 94-line traceback at start-up before (issue 48)
+    (
+        Case(T, 1, "cli", [["job", "dump_folder", "README.md/outputs"]]),
+        "clean",
+        "[job] dump_folder = 'README.md/outputs' cannot be made: ",
+    ),
+    (
+        Case(T, 1, "cli", [["job", "dump_folder", "/proc/boost_outputs"]]),
+        "clean",
+        "[job] dump_folder = '/proc/boost_outputs' is not writable ('/proc': ",
+    ),
+    (
+        Case(T, 1, "cli", [["metrics", "save_tb_folder", "/proc/tb"]]),
+        "clean",
+        "[metrics] save_tb_folder = '/proc/tb' is not writable",
+    ),
     # --- [model], [job] config_file, files
     (
         Case(T, 1, "missing_config", [["job", "config_file", "no_such.toml"]]),

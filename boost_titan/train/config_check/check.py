@@ -14,7 +14,7 @@ from boost_titan.train.config_check.checkpoint import (
     _check_hf_layout,
 )
 from boost_titan.train.config_check.common import ConfigError
-from boost_titan.train.config_check.files import _check_files
+from boost_titan.train.config_check.files import _check_files, _check_writable
 from boost_titan.train.config_check.layout import _check_batches, _check_parallelism
 from boost_titan.train.config_check.model import _check_model
 from boost_titan.train.config_check.training import (
@@ -68,6 +68,7 @@ def check_config(
     _check_hf_layout(config)
     _check_batches(config, deg)
     if ws is not None and files:
+        _check_writable(config)
         _check_checkpoint_files(config)
         _check_files(
             config, deg["data_parallel_replicate_degree"] * deg["data_parallel_shard_degree"]

@@ -14,6 +14,56 @@ from boost_titan.train.config_check.common import ConfigError, ConfigPathError, 
 from boost_titan.train.config_check.model import config_args
 
 
+def _writable_folders(config) -> list[tuple[str, str, str]]:
+    """(section, key, folder) of every folder a run writes into: the dump folder and,
+    where enabled, what torchtitan joins onto it (an absolute value stands alone)."""
+    dump = config.job.dump_folder
+    out = [("job", "dump_folder", dump)]
+    if config.checkpoint.enable:
+        out.append(("checkpoint", "folder", os.path.join(dump, config.checkpoint.folder)))
+    if config.metrics.enable_tensorboard:
+        out.append(("metrics", "save_tb_folder", os.path.join(dump, config.metrics.save_tb_folder)))
+    if config.profiling.enable_profiling or getattr(config.boost, "profile_freq", 0):
+        folder = os.path.join(dump, config.profiling.save_traces_folder)
+        out.append(("profiling", "save_traces_folder", folder))
+    return out
+
+
+def _check_writable(config) -> None:
+    """Each folder the run writes is a folder (or can be made one) on a filesystem this
+    process may write: tried with a temporary file in it or its nearest existing parent
+    (``os.access`` says yes to root on a read-only mount), removed at once."""
+    import tempfile
+
+    for section, key, folder in _writable_folders(config):
+        probe = os.path.abspath(folder)
+        while not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        value = getattr(getattr(config, section), key)
+        if not os.path.isdir(probe):
+            raise bad(
+                section,
+                key,
+                value,
+                f"cannot be made: {probe!r} is a file, not a folder; the run writes "
+                f"{folder!r}, choose another path",
+                ConfigPathError,
+            )
+        try:
+            fd, name = tempfile.mkstemp(prefix=".boost-write-check-", dir=probe)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as e:
+            raise bad(
+                section,
+                key,
+                value,
+                f"is not writable ({probe!r}: {e.strerror or e}); the run writes {folder!r} "
+                "at start-up, choose a folder this user may write",
+                ConfigPathError,
+            ) from None
+
+
 def _check_files(config, dp_degree: int = 1) -> None:
     """What a launch reads from disk: tokenizer, datasets (``dp_degree``: the
     data-parallel degree the files are shared over)."""
