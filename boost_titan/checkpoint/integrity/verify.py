@@ -25,8 +25,9 @@ from boost_titan.checkpoint.integrity.blocks import (
     segment_blocks,
 )
 from boost_titan.checkpoint.integrity.dcp_hooks import trailers_line, unverified_line
-from boost_titan.checkpoint.integrity.manifest import METADATA, key, step_of
+from boost_titan.checkpoint.integrity.manifest import METADATA, NAME, key, step_of
 from boost_titan.checkpoint.integrity.step import HF_INDEX, SEALED, TRAILERS, UNVERIFIED, open_step
+from boost_titan.models.recorded import MODEL_ARGS_FILE
 
 logger = logging.getLogger()  # torchtitan's logger (the root logger), as boost_titan.train.fault
 
@@ -39,6 +40,7 @@ class Verification:
 
     folder: str
     problems: list[str] = field(default_factory=list)  # one line each
+    unlisted: list[str] = field(default_factory=list)  # files its manifest does not list
     trust: str = SEALED  # SEALED, TRAILERS, or UNVERIFIED (nothing to verify)
     items: int = 0
     nbytes: int = 0
@@ -81,7 +83,10 @@ def _check_train_state(folder: str, data: bytes, out: Verification) -> None:
 
 
 def _verify_items(step, relative: str, items: list, out: Verification, buf: memoryview) -> None:
+    """Every item of one file; its problems as one line (the first item that differs,
+    and how many more do: a stale file differs in all of them)."""
     folder = step.folder
+    first, more = None, 0
     with open(os.path.join(folder, relative), "rb") as f:  # a regular file: open_step
         for index, info in sorted(items, key=lambda it: it[1].offset):
             item = Item(folder, relative, describe(index), info.offset, "")
@@ -97,10 +102,17 @@ def _verify_items(step, relative: str, items: list, out: Verification, buf: memo
                     reader = legacy.reader(raw, info.length, item)
                 data = _read_through(reader, buf, keep=index.fqn == "train_state.step")
             except ChecksumMismatch as e:
-                out.problems.append(str(e))
+                if first is None:
+                    first = str(e)
+                else:
+                    more += 1
                 continue
             if index.fqn == "train_state.step":
                 _check_train_state(folder, data, out)
+    if first is not None:
+        out.problems.append(
+            first + (f" (and {more} more of its {len(items)} items)" if more else "")
+        )
 
 
 def _verify_files(step, out: Verification, buf: memoryview) -> None:
@@ -126,12 +138,26 @@ def _verify_files(step, out: Verification, buf: memoryview) -> None:
                 out.problems.append(str(e))
 
 
+# what a step folder holds besides the files its manifest lists: the manifest itself,
+# and the model record a conversion writes (checked when read: models.recorded)
+_SIDE_FILES = frozenset({NAME, MODEL_ARGS_FILE})
+
+
+def _unlisted(step) -> list[str]:
+    """Entries of a sealed step folder its manifest does not list (no load reads them:
+    reported, not refused); one listdir."""
+    if step.seal is None:
+        return []
+    return sorted(set(os.listdir(step.folder)) - set(step.seal.files) - _SIDE_FILES)
+
+
 def _check(folder: Path, out: Verification) -> None:
     if not os.path.lexists(folder):
         out.problems.append(f"{folder} is not a DCP checkpoint: it does not exist")
         return
     step = open_step(folder, "")
     out.trust = step.trust
+    out.unlisted = _unlisted(step)
     buf = memoryview(bytearray(_CHUNK))
     if step.format == "hf":
         if step.seal is not None:
@@ -230,6 +256,14 @@ def main(argv: list[str]) -> int:
             result = check(step)
             for line in result.problems:
                 print(line, file=sys.stderr)
+            if result.unlisted:
+                shown = ", ".join(result.unlisted[:5])
+                extra = f" and {len(result.unlisted) - 5} more" if len(result.unlisted) > 5 else ""
+                print(
+                    f"note: {step} holds {len(result.unlisted)} entries its manifest does not "
+                    f"list ({shown}{extra}): not part of the sealed step, no load reads them",
+                    file=sys.stderr,
+                )
             if result.problems:
                 status = 1
             elif result.trust == UNVERIFIED:
