@@ -72,6 +72,44 @@ def test_refuses_globals_outside_the_allowlist_by_name(tmp_path):
     assert not issubclass(safe_metadata.UntrustedCheckpointError, Exception)
 
 
+def _sets_attributes_of(module: str, name: str, slots: dict) -> bytes:
+    """A pickle that pushes an allowed global itself and BUILDs slot state onto it
+    (``setattr`` on the class or function: no code runs, but state would change)."""
+    pushed = b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+    state = pickle.dumps((None, slots), protocol=2)[2:-1]  # (no protocol header, no STOP)
+    return b"\x80\x02" + pushed + state + b"b."  # BUILD, STOP
+
+
+@pytest.mark.parametrize(
+    "module, name, slots",
+    [
+        ("torch.distributed.checkpoint.metadata", "Metadata", {"planner_data": {"x": 1}}),
+        ("torch.serialization", "_get_layout", {"__defaults__": ("torch.sparse_coo",)}),
+        ("pathlib", "PosixPath", {"__fspath__": "/etc"}),
+    ],
+)
+def test_a_pickle_that_sets_attributes_of_an_allowed_global_is_refused_and_undone(
+    module, name, slots
+):
+    """Issue #48, finding 5: BUILD with slot state on an allowed global set attributes
+    that outlived the refusal; now the step is refused and the attributes put back."""
+    import importlib
+
+    from boost_titan.checkpoint import safe_metadata
+
+    obj = getattr(importlib.import_module(module), name)
+    before = {k: getattr(obj, k, None) for k in slots}
+    with pytest.raises(safe_metadata.UntrustedCheckpointError) as info:
+        safe_metadata.loads(_sets_attributes_of(module, name, slots), "EVIL/step-5")
+    (attr,) = slots
+    assert str(info.value) == (
+        f"checkpoint EVIL/step-5 was not loaded: its .metadata sets {module}.{name}.{attr} "
+        "while it is unpickled (put back); it is not a DCP checkpoint boost_titan wrote or "
+        "trusts"
+    )
+    assert {k: getattr(obj, k, None) for k in slots} == before
+
+
 def test_reader_is_installed_and_reads_dcp_metadata(tmp_path):
     """Installed over FileSystemReader.read_metadata (here by conftest; the entry points'
     own installs are what the reproduction below exercises), a DCP save/load round trip

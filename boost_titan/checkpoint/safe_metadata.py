@@ -135,14 +135,69 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def _allowed_objects() -> list[tuple[str, Any]]:
+    """(name, object) of each allowed global that has attributes a pickle could set,
+    and of each member of the allowed enum (REDUCE hands back the singletons)."""
+    import importlib
+
+    out = []
+    for module, name in sorted(ALLOWED):
+        obj = getattr(importlib.import_module(module), name)
+        out.append((f"{module}.{name}", obj))
+        if isinstance(obj, type) and issubclass(obj, __import__("enum").Enum):
+            out += [(f"{module}.{name}.{m.name}", m) for m in obj]
+    return [(n, o) for n, o in out if hasattr(o, "__dict__") or hasattr(o, "__defaults__")]
+
+
+def _attributes(obj) -> dict[str, Any]:
+    state = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+    for name in ("__defaults__", "__kwdefaults__"):
+        if hasattr(obj, name):
+            state[name] = getattr(obj, name)
+    return state
+
+
+def _restore(obj, before: dict[str, Any]) -> list[str]:
+    """Put back the attributes of ``obj`` a pickle changed; their names."""
+    now = _attributes(obj)
+    changed = [k for k in now if k not in before or now[k] is not before[k]]
+    changed += [k for k in before if k not in now]
+    for k in changed:
+        if k in before:
+            setattr(obj, k, before[k])
+        else:
+            delattr(obj, k)
+    return changed
+
+
 def load(file, where: str) -> Any:
     """Unpickle DCP metadata from a binary file object. ``where`` (the step folder)
-    starts the error message."""
+    starts the error message.
+
+    An allowed global runs no code, but pickle's BUILD can set attributes on the
+    global itself (``setattr`` of its slot state: a class, a function, an enum
+    member), which would outlive the load and the refusal. Their attributes are
+    compared before and after; any change is put back and the step refused."""
 
     def refuse(name: str) -> UntrustedCheckpointError:
         return _refusal(where, f"its .metadata refers to {name}, which DCP metadata is not made of")
 
-    return _Unpickler(file, ALLOWED, refuse).load()
+    guarded = _allowed_objects()
+    before = [_attributes(obj) for _, obj in guarded]
+    try:
+        return _Unpickler(file, ALLOWED, refuse).load()
+    finally:
+        touched = [
+            f"{name}.{attr}"
+            for (name, obj), state in zip(guarded, before)
+            for attr in _restore(obj, state)
+        ]
+        if touched:
+            raise _refusal(
+                where,
+                f"its .metadata sets {', '.join(touched)[:200]} while it is unpickled (put back)",
+                None,
+            )
 
 
 def loads(data: bytes, where: str) -> Any:
