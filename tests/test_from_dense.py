@@ -22,6 +22,7 @@ Through the command line (forked from the test launcher's server) and the traine
 from __future__ import annotations
 
 import json
+import os
 import math
 import warnings
 from dataclasses import replace
@@ -300,6 +301,9 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(hf_llama, tmp_path, capsy
     refused(["--from", str(no_weights)], "has no weights")
     nowhere = str(tmp_path / "nowhere")
     refused(["--from", nowhere], f"--from {nowhere!r} does not exist")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused(["--from", str(fifo)], f"{str(fifo)!r} is not a folder (a FIFO, socket or device)")
     refused(["--from", str(hf_llama), "--rank", "300"], "rank", "300")
     refused(["--from", str(hf_llama), "--rank", "0"], "--rank 0: a rank is a positive integer",
             "leave --rank out for the flavor's", rc=2)  # fmt: skip
@@ -321,7 +325,8 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(hf_llama, tmp_path, capsy
 
 def _damaged_safetensors(folder: Path) -> dict[str, Path]:
     """Small safetensors files cut short, with a header length of 2^60, with a tensor's
-    offsets past the end of the file."""
+    offsets past the end of the file, an unknown dtype, a 2^80-element shape and a
+    200,000-deep header (issue #48, finding 6: each was a traceback)."""
     import struct
 
     from safetensors.torch import save_file
@@ -333,10 +338,21 @@ def _damaged_safetensors(folder: Path) -> dict[str, Path]:
     header = json.loads(data[8 : 8 + n])
     header["b"]["data_offsets"] = [64, 64 + 10**6]
     moved = json.dumps(header).encode()
+
+    def with_header(edit) -> bytes:
+        h = json.loads(data[8 : 8 + n])
+        edit(h)
+        text = json.dumps(h).encode()
+        return struct.pack("<Q", len(text)) + text + data[8 + n :]
+
+    deep = b'{"a": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
     files = {
         "cut short": data[: len(data) - 10],
         "header length 2^60": struct.pack("<Q", 2**60) + data[8:],
         "offsets past the end": struct.pack("<Q", len(moved)) + moved + data[8 + n :],
+        "unknown dtype": with_header(lambda h: h["a"].update(dtype="Q99")),
+        "huge shape": with_header(lambda h: h["a"].update(shape=[2**40, 2**40])),
+        "deep header": struct.pack("<Q", len(deep)) + deep + data[8 + n :],
     }
     out = {}
     for i, (what, content) in enumerate(files.items()):

@@ -242,8 +242,12 @@ def open_source(path: str | Path, dcp_args: LlamaArgs) -> DenseSource:
             "folder (config.json + safetensors) or a llama2 DCP step folder"
         )
     if not folder.is_dir():
+        import stat
+
+        mode = folder.stat().st_mode
+        kind = "a file" if stat.S_ISREG(mode) else "not a folder (a FIFO, socket or device)"
         raise SourceError(
-            f"{str(folder)!r} is a file: from-dense reads a Hugging Face LLaMA folder "
+            f"{str(folder)!r} is {kind}: from-dense reads a Hugging Face LLaMA folder "
             "(config.json + safetensors) or a llama2 DCP step folder"
         )
     if (folder / "config.json").is_file():
