@@ -22,8 +22,8 @@ Through the command line (forked from the test launcher's server) and the traine
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import warnings
 from dataclasses import replace
 from pathlib import Path
