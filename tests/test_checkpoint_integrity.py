@@ -217,6 +217,49 @@ def test_a_step_is_plain_dcp_sealed_by_its_manifest(tmp_path):
     assert result.ok and result.trust == "sealed" and result.items == 6
 
 
+def test_a_save_that_cannot_be_sealed_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Issue #48: a step is sealed or refused at save, never silently unsealed. An fsspec
+    (object-store) writer is refused before it writes; a save with an item written
+    without digests is refused at finish, its .metadata unwritten (the step stays
+    incomplete); ``_extensions=()`` still saves plain, unsealed DCP on purpose."""
+    from torch.distributed.checkpoint import filesystem
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    from boost_titan.checkpoint.integrity import dcp_hooks
+
+    step = tmp_path / "step-1"
+    with pytest.raises(BaseException) as info:
+        dcp.save(_state(), storage_writer=FsspecWriter(f"file://{step}"), no_dist=True)
+    line = str(integrity.mismatch_in(info.value))
+    assert line.startswith(
+        f"checkpoint save refused: file://{step} cannot be sealed: its writer's filesystem "
+        "is torch.distributed.checkpoint._fsspec_filesystem.FileSystem; boost_titan seals "
+    ), line
+    assert not (step / ".metadata").exists()  # (refused before any write)
+
+    sealed = filesystem._write_item
+
+    def drop_one(*args):  # the big tensor's digests lost on their way to the coordinator
+        result = sealed(*args)
+        if args[3].index.fqn == BIG:
+            result.storage_data.__dict__.pop(dcp_hooks._DIGESTS, None)
+        return result
+
+    monkeypatch.setattr(filesystem, "_write_item", drop_one)
+    step = tmp_path / "step-2"
+    with pytest.raises(BaseException) as info:
+        _save(step)
+    assert str(integrity.mismatch_in(info.value)) == (
+        f"checkpoint save refused: {step} cannot be sealed: 1 of its 1 writing ranks wrote "
+        "items without digests (6 items in all); its .metadata is not written (the step "
+        "stays incomplete)"
+    )
+    assert not (step / ".metadata").exists() and not (step / ".manifest.json").exists()
+    monkeypatch.setattr(filesystem, "_write_item", sealed)
+    plain = _save(tmp_path / "step-3", _extensions=())  # asked for: plain DCP
+    assert integrity.check(plain).trust == "unverified"
+
+
 def test_flipped_bits_fail_the_load_on_one_line(tmp_path, monkeypatch):
     step = _save(tmp_path / "step-4")
     path, offset, length = _stored(step, WQ)  # 64 KiB of weights: one block

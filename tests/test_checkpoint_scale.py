@@ -82,12 +82,13 @@ def _results(ranks: int) -> list[list[WriteResult]]:
     return out
 
 
-def test_the_coordinator_joins_the_ranks_parts_or_writes_plain_dcp(tmp_path):
+def test_the_coordinator_joins_the_ranks_parts_or_refuses_the_save(tmp_path):
     """Every rank's part joined in one manifest; a rank without one (its writes not all
-    digested): plain DCP, with nothing of ours in ``.metadata``."""
+    digested): the save refused in one line, no ``.metadata`` (issue #48: it was written
+    as plain DCP without a word)."""
     from torch.distributed.checkpoint.metadata import Metadata
 
-    for case, parted in (("joined", [0, 1, 2]), ("plain", [0, 2])):
+    for case, parted in (("joined", [0, 1, 2]), ("refused", [0, 2])):
         folder = tmp_path / case / "step-1"
         folder.mkdir(parents=True)
         writer = FileSystemWriter(folder)
@@ -95,15 +96,18 @@ def test_the_coordinator_joins_the_ranks_parts_or_writes_plain_dcp(tmp_path):
         results = [
             dcp_hooks._with_part(wrs) if r in parted else wrs for r, wrs in enumerate(_results(3))
         ]
+        if case == "refused":
+            with pytest.raises(integrity.ChecksumMismatch, match="1 of its 3 writing ranks"):
+                dcp_hooks.finish(writer, Metadata({}), results)
+            assert not (folder / ".metadata").exists()
+            assert not (folder / manifest.NAME).exists()
+            continue
         dcp_hooks.finish(writer, Metadata({}), results)
         meta = (folder / ".metadata").read_bytes()
         assert dcp_hooks._DIGESTS.encode() not in meta and dcp_hooks._PART.encode() not in meta
-        if case == "joined":
-            seal = manifest.decode((folder / manifest.NAME).read_bytes(), str(folder))
-            assert sorted(seal.items) == [("w0", (0,)), ("w1", (0,)), ("w2", (0,))]
-            assert seal.files["__1_0.distcp"].bytes == 10
-        else:
-            assert not (folder / manifest.NAME).exists()
+        seal = manifest.decode((folder / manifest.NAME).read_bytes(), str(folder))
+        assert sorted(seal.items) == [("w0", (0,)), ("w1", (0,)), ("w2", (0,))]
+        assert seal.files["__1_0.distcp"].bytes == 10
 
 
 def test_a_rank_checks_each_file_once_and_keeps_nothing_after_the_load(tmp_path):

@@ -73,15 +73,44 @@ def _writer_init(self, *args: Any, **kwargs: Any) -> None:
 
 
 def _prepare_local_plan(self, plan):
-    """torch's, after refusing a step folder that is a symbolic link (every rank: DCP
-    gathers the refusal): a save never writes through a link into another step."""
+    """torch's, after refusing (every rank, before anything is written; DCP gathers the
+    refusal) a step folder that is a symbolic link (a save never writes through a link
+    into another step) and a save that could not be sealed: a step is sealed or not
+    written, never silently unsealed."""
     path = os.fspath(self.path)
     if isinstance(self.fs, filesystem.FileSystem) and os.path.islink(path.rstrip("/")):
         raise ChecksumMismatch(
             f"checkpoint save refused: {path} is a symbolic link (to {os.readlink(path)}); "
             "a save writes a real step folder, never through a link into another one"
         )
+    why = _unsealable(self)
+    if why:
+        raise ChecksumMismatch(
+            f"checkpoint save refused: {path} cannot be sealed: {why}; a plain unsealed "
+            "DCP save is dcp.save(..., storage_writer=FileSystemWriter(path, _extensions=()))"
+        )
     return _torch_prepare_local_plan(self, plan)
+
+
+def _unsealable(self) -> str:
+    """Why a DCP (torch-save format) writer meant to seal could not: '' when it can.
+    Safetensors writers (Hugging Face folders) are sealed by ``folder_seal`` instead."""
+    if getattr(self.transforms, "_boost_unsealed", True):
+        return ""
+    if getattr(self, "serialization_format", None) != filesystem.SerializationFormat.TORCH_SAVE:
+        return ""
+    if not isinstance(self.fs, filesystem.FileSystem):
+        return (
+            f"its writer's filesystem is {type(self.fs).__module__}.{type(self.fs).__name__}; "
+            "boost_titan seals steps on local and mounted POSIX filesystems (a shared mount "
+            "such as Lustre, GPFS or NFS works), not object stores"
+        )
+    if not getattr(self, "use_collectives", True) and getattr(self, "rank", None) is not None:
+        return (
+            "each rank finishes its own save (use_collectives=False): the manifest is "
+            "joined by the coordinator"
+        )
+    return ""
 
 
 def _write_item(transforms, stream, data, write_item, storage_key, serialization_format):
@@ -148,17 +177,23 @@ def finish(self, metadata: Metadata, results) -> None:
 def _finish(self, metadata: Metadata, results) -> None:
     parts = [wrs[0].storage_data.__dict__.pop(_PART, None) for wrs in results if wrs]
     counts = sum(len(wrs) for wrs in results)
-    per_rank = not self.use_collectives and self.rank is not None
-    if (
-        per_rank
-        or not isinstance(self.fs, filesystem.FileSystem)
-        or None in parts
-        or sum(p[2] for p in parts) != counts
-    ):
-        for wrs in results:  # (a rank that did not seal: nothing of ours in .metadata)
+    asked = getattr(self.transforms, "_boost_unsealed", None)  # (None: built before install)
+    if asked or (asked is None and not any(parts)):  # a plain DCP save, asked for
+        for wrs in results:
             for wr in wrs:
                 wr.storage_data.__dict__.pop(_DIGESTS, None)
         return _torch_finish(self, metadata, results)
+    why = _unsealable(self)  # (refused before any write: _prepare_local_plan)
+    if not why and (None in parts or sum(p[2] for p in parts) != counts):
+        why = (
+            f"{sum(p is None for p in parts)} of its {len(parts)} writing ranks wrote items "
+            f"without digests ({counts} items in all)"
+        )
+    if why:  # no .metadata: the step is incomplete, set aside when a run starts
+        raise ChecksumMismatch(
+            f"checkpoint save refused: {os.fspath(self.path)} cannot be sealed: {why}; "
+            "its .metadata is not written (the step stays incomplete)"
+        )
     metadata.version = filesystem.CURRENT_DCP_VERSION
     storage = {}
     for wrs in results:  # (torch's own loop)
