@@ -14,6 +14,8 @@ from __future__ import annotations
 import pytest
 from schedule_check import FEATURES, SCHEDULES, run_cases
 
+from boost_titan.config import CP_PP_SCHEDULES
+
 # fp32: the pipelined and single-process losses agree to ~2e-7 (step 1: the loss is
 # summed per microbatch); a wrong update shows at 1e-4 and more (zero-bubble schedules
 # with transposed gradients: 9.56866 vs 9.56788 at step 2)
@@ -44,18 +46,38 @@ REFUSED = {
 }
 
 
-@pytest.mark.slow
-def test_every_schedule_equals_the_single_process_or_is_refused(tmp_path):
-    rows = run_cases(CASES, str(tmp_path))
-    assert [(r["arch"], r["schedule"], r["feature"]) for r in rows] == CASES
+# PP2 x CP2 (4 ranks, one more launch): CoLA with grouped linears, eager, under every
+# schedule; each rank holds half of every sequence (ring attention, FSDP2 over dp x cp)
+CP = 2
+CP_CASES = [("cola", schedule, "grouped") for schedule in SCHEDULES]
+# what is refused under CP (when parsed) and the phrase the refusal must contain
+CP_REFUSED = {
+    (s, "grouped"): "with context_parallel_degree 2" for s in SCHEDULES if s not in CP_PP_SCHEDULES
+}
+
+
+def _check(rows: list[dict], cases: list, refused: dict) -> None:
+    assert [(r["arch"], r["schedule"], r["feature"]) for r in rows] == cases
     for row in rows:
         outcome = row.get("refused") or row.get("error") or row["loss"]
-        print(f"{row['arch']:5} {row['schedule']:22} {row['feature']:18} {outcome}")
+        print(f"cp{row['cp']} {row['arch']:5} {row['schedule']:22} {row['feature']:18} {outcome}")
     for row in rows:
-        phrase = REFUSED.get((row["schedule"], row["feature"]))
+        phrase = refused.get((row["schedule"], row["feature"]))
         if phrase is not None:
             assert phrase in row.get("refused", ""), row
             continue
         assert "refused" not in row and "error" not in row, row
         for step, (ref, got) in enumerate(zip(row["reference"], row["loss"]), start=1):
             assert abs(got - ref) <= LOSS_RTOL * abs(ref), (row, step)
+
+
+@pytest.mark.slow
+def test_every_schedule_equals_the_single_process_or_is_refused(tmp_path):
+    _check(run_cases(CASES, str(tmp_path)), CASES, REFUSED)
+
+
+@pytest.mark.slow
+def test_every_schedule_under_context_parallelism_equals_the_single_process_or_is_refused(
+    tmp_path,
+):
+    _check(run_cases(CP_CASES, str(tmp_path), cp=CP), CP_CASES, CP_REFUSED)
