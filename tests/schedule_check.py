@@ -90,8 +90,22 @@ def _model(config, args):
     return model
 
 
-def _reference(config, args, batches) -> list[float]:
-    """The same training in one piece on this rank: the eager single process."""
+def _sum_of_squares(params) -> torch.Tensor:
+    """The float64 sum of squares of this rank's gradient entries (of a parameter sharded
+    by FSDP2, its own shard). float64: the fp32 norm torchtitan's clipping computes
+    depends on the summation order (here the reference's is 2.3e-4 off the exact norm and
+    a CP2 x FSDP2 run's, over half-tensors, 1.6e-4), too coarse to see a wrong update."""
+    total = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is not None:
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            total += grad.double().square().sum()
+    return total
+
+
+def _reference(config, args, batches) -> tuple[list[float], list[float]]:
+    """The same training in one piece on this rank: the eager single process; its
+    losses and gradient norms."""
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.distributed import ParallelDims
 
@@ -103,19 +117,22 @@ def _reference(config, args, batches) -> list[float]:
     model = _model(single, args)
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     opt = build_optimizers([model], single.optimizer, dims)
-    losses = []
+    losses, norms = [], []
     for tokens, labels in batches:
         loss = cross_entropy_loss(model(tokens), labels) / labels.numel()
         loss.backward()
+        norms.append(_sum_of_squares(model.parameters()).sqrt().item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses
+    return losses, norms
 
 
-def _pipelined(config, args, dims, batches) -> list[float] | None:
-    """The case under its schedule, stepped by the trainer's functions; the losses on
-    the ranks with the last stage (each CP rank's share of the batch's mean)."""
+def _pipelined(config, args, dims, batches) -> tuple[list[float], list[float]] | None:
+    """The case under its schedule, stepped by the trainer's functions; on the ranks
+    with the last stage its losses (each CP rank's share of the batch's mean) and
+    gradient norms (over every stage and shard: Adam's first steps barely see a wrong
+    gradient scale, the norm does)."""
     from types import SimpleNamespace
 
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
@@ -145,7 +162,8 @@ def _pipelined(config, args, dims, batches) -> list[float] | None:
         pp_has_last_stage=last,
         train_context=get_train_context(False),
     )
-    losses = []
+    params = [p for m in parts for p in m.parameters()]
+    losses, norms = [], []
     for tokens, labels in batches:
         # the data-parallel token count (dp = 1: the whole batch), before the CP split
         global_valid_tokens = torch.tensor(labels.numel(), dtype=torch.float32)
@@ -155,10 +173,13 @@ def _pipelined(config, args, dims, batches) -> list[float] | None:
         loss = pipeline_forward_backward(
             trainer, inputs, labels, extra_inputs, extra_kwargs, global_valid_tokens
         )
+        squares = _sum_of_squares(params)  # every entry lives on one rank: sum them all
+        dist.all_reduce(squares)
+        norms.append(squares.sqrt().item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses if last else None
+    return (losses, norms) if last else None
 
 
 def _worker(rank: int, init_file: str, cases: list, out_file: str, cp: int):
@@ -197,7 +218,7 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cp: int):
             key = (arch, feature if feature in ("ungrouped", "loro") else "grouped")
             if key not in references:
                 references[key] = _reference(config, copy.deepcopy(args), batches)
-            row["reference"] = references[key]
+            row["reference"], row["reference_grad_norm"] = references[key]
             try:
                 mine = _pipelined(config, copy.deepcopy(args), dims, batches)
             except Exception as e:  # a crash is an outcome the test reports
@@ -206,7 +227,8 @@ def _worker(rank: int, init_file: str, cases: list, out_file: str, cp: int):
             dist.all_gather_object(gathered, mine)
             # the last stage's CP ranks each hold a share of the batch's mean loss
             shares = [g for g in gathered if g is not None]
-            row["loss"] = [sum(step) for step in zip(*shares)] if shares else None
+            row["loss"] = [sum(step) for step in zip(*(s[0] for s in shares))] if shares else None
+            row["grad_norm"] = shares[0][1] if shares else None
             torch._dynamo.reset()
         if rank == 0:
             with open(out_file, "w") as f:

@@ -1,12 +1,15 @@
-"""Every pipeline schedule torchtitan 0.2.2 offers, with every feature, trains a
-low-rank model exactly as the single process does, or is refused when its config is
-parsed (``boost_titan.parallel.pipeline.check_pipeline_config``).
+"""Every pipeline schedule torchtitan 0.2.2 offers, with every feature and under
+context parallelism, trains a low-rank model exactly as the single process does, or is
+refused when its config is parsed (``boost_titan.parallel.pipeline.check_pipeline_config``,
+``boost_titan.config.CP_PP_SCHEDULES``).
 
 One launch of two gloo ranks runs the whole matrix (``schedule_check.py``): CoLA and
 LaX under each schedule with grouped and ungrouped linears, latent checkpointing and
-compiled blocks (``aot_eager``), and LORO on SVD (the architecture it needs); each case
-trains three steps with torchtitan's default (fused) AdamW from the same weights and
-batches as a single-process run on the same rank.
+compiled blocks (``aot_eager``), and LORO on SVD (the architecture it needs). One more
+launch of four (PP2 x CP2: ring attention, FSDP2 over dp x cp, each rank half of every
+sequence) runs CoLA (grouped linears, eager) under each schedule. Each case trains three
+steps with torchtitan's default (fused) AdamW from the same weights and batches as a
+single-process run on the same rank; its loss and gradient norm must equal that run's.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ from __future__ import annotations
 import pytest
 from schedule_check import FEATURES, SCHEDULES, run_cases
 
-from boost_titan.config import CP_PP_SCHEDULES
+from boost_titan.config import CP_PP_REFUSED, CP_PP_SCHEDULES
 
 # fp32: the pipelined and single-process losses agree to ~2e-7 (step 1: the loss is
 # summed per microbatch); a wrong update shows at 1e-4 and more (zero-bubble schedules
 # with transposed gradients: 9.56866 vs 9.56788 at step 2)
 LOSS_RTOL = 1e-5
+# the gradient's float64 norm (fp32 norms differ by summation order): agrees to ~5e-9;
+# Adam's first updates hide a wrongly scaled gradient, the norm does not
+GRAD_NORM_RTOL = 1e-5
 SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 CASES = [
     (arch, schedule, feature)
@@ -46,14 +52,13 @@ REFUSED = {
 }
 
 
-# PP2 x CP2 (4 ranks, one more launch): CoLA with grouped linears, eager, under every
-# schedule; each rank holds half of every sequence (ring attention, FSDP2 over dp x cp)
+# PP2 x CP2 (4 ranks, one more launch, ~25 s): CoLA with grouped linears, eager, under
+# every schedule; each rank holds half of every sequence (ring attention, FSDP2 over
+# dp x cp); the loss is the batch's: the CP ranks' shares summed
 CP = 2
 CP_CASES = [("cola", schedule, "grouped") for schedule in SCHEDULES]
-# what is refused under CP (when parsed) and the phrase the refusal must contain
-CP_REFUSED = {
-    (s, "grouped"): "with context_parallel_degree 2" for s in SCHEDULES if s not in CP_PP_SCHEDULES
-}
+# refused under CP when parsed (DualPipeV: it runs only on GPUs, untested here)
+CP_REFUSED = {(s, "grouped"): CP_PP_REFUSED[s] for s in SCHEDULES if s not in CP_PP_SCHEDULES}
 
 
 def _check(rows: list[dict], cases: list, refused: dict) -> None:
@@ -69,6 +74,9 @@ def _check(rows: list[dict], cases: list, refused: dict) -> None:
         assert "refused" not in row and "error" not in row, row
         for step, (ref, got) in enumerate(zip(row["reference"], row["loss"]), start=1):
             assert abs(got - ref) <= LOSS_RTOL * abs(ref), (row, step)
+        pairs = zip(row["reference_grad_norm"], row["grad_norm"])
+        for step, (ref, got) in enumerate(pairs, start=1):
+            assert abs(got - ref) <= GRAD_NORM_RTOL * ref, (row, step)
 
 
 @pytest.mark.slow
