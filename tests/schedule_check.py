@@ -94,7 +94,7 @@ def _sum_of_squares(params) -> torch.Tensor:
     """The float64 sum of squares of this rank's gradient entries (of a parameter sharded
     by FSDP2, its own shard). float64: the fp32 norm torchtitan's clipping computes
     depends on the summation order (here the reference's is 2.3e-4 off the exact norm and
-    a CP2 x FSDP2 run's, over half-tensors, 1.6e-4), too coarse to see a wrong update."""
+    a CP2 x FSDP2 run's, over half-tensors, 1.6e-4): too coarse for 1e-5."""
     total = torch.zeros((), dtype=torch.float64)
     for p in params:
         if p.grad is not None:
