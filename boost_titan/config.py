@@ -34,9 +34,15 @@ PP_SCHEDULES = (
     "ZBVZeroBubble",
     "DualPipeV",
 )
-# the schedules whose pipelines run under context parallelism tested against one
-# process (tests/test_composition.py: CP2 x PP2); the others are refused with CP
-CP_PP_SCHEDULES = ("1F1B",)
+# the schedules whose pipelines run under context parallelism, each tested against one
+# process (tests/test_schedules.py: CP2 x PP2, losses and gradient norms over 3 steps);
+# the others (and a schedule CSV) are refused with CP, for the reason below
+CP_PP_SCHEDULES = tuple(s for s in PP_SCHEDULES if s != "DualPipeV")
+CP_PP_REFUSED = {
+    "DualPipeV": "DualPipeV runs only on GPUs (torch overlaps its forward and backward on "
+    "accelerator streams) and CP under a pipeline is tested on CPU ranks; use ZBVZeroBubble, "
+    "the same V-shaped stage placement",
+}
 NAN_POLICIES = ("stop", "skip")
 OPTIMIZERS = ("Adam", "AdamW", "LORO")
 LORO_REFRESH = ("all", "factors", "regular", "none")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 
-from boost_titan.config import CP_PP_SCHEDULES, PP_SCHEDULES
+from boost_titan.config import CP_PP_REFUSED, CP_PP_SCHEDULES, PP_SCHEDULES
 from boost_titan.train.config_check.common import (
     ConfigError,
     ConfigPathError,
@@ -108,13 +108,19 @@ def _check_parallelism(config, world_size: int | None) -> dict[str, int]:
             or p.pipeline_parallel_schedule.lower() not in {s.lower() for s in CP_PP_SCHEDULES}
         ):
             key = "schedule_csv" if p.pipeline_parallel_schedule_csv else "schedule"
+            why = (
+                "CP under a pipeline is tested with the named schedules only; use one of "
+                f"{list(CP_PP_SCHEDULES)}"
+            )
+            if not p.pipeline_parallel_schedule_csv:  # a named schedule's own reason
+                reasons = {s.lower(): r for s, r in CP_PP_REFUSED.items()}
+                why = reasons.get(p.pipeline_parallel_schedule.lower(), why)
             raise bad(
                 "parallelism",
                 f"pipeline_parallel_{key}",
                 getattr(p, f"pipeline_parallel_{key}"),
                 f"with context_parallel_degree {p.context_parallel_degree} is not verified "
-                f"against one process (CP with PP is tested under {list(CP_PP_SCHEDULES)}); "
-                f"use {CP_PP_SCHEDULES[0]}",
+                f"against one process: {why}",
             )
         _at_least(
             "parallelism",
