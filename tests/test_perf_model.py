@@ -313,29 +313,35 @@ def _search_small_gpu(tmp_path, seq: int, memory_gib: int):
     return proc.stdout, proc.stderr, recipe.read_text()
 
 
-def test_search_writes_a_recipe_that_passes_its_dry_run(tmp_path):
+def test_search_picks_context_parallel_for_a_long_sequence_and_its_recipe_passes(tmp_path):
     """The search ranks every layout, traces the memory of those it reaches, checks the
-    winner by the full dry run, writes it; the recipe then passes ``boost-titan dryrun``."""
-    out, _, text = _search_small_gpu(tmp_path, 2048, 1)
+    winner by the full dry run, writes it; the recipe then passes ``boost-titan dryrun``.
+    At 16k tokens on 2 GiB GPUs no layout without CP fits (the full dry run refuses the
+    fastest, FSDP4 at 2.3 GiB): the winner splits the sequence over 2 ranks, its recipe
+    says so; the ring's bytes are in the breakdown."""
+    out, err, text = _search_small_gpu(tmp_path, 16384, 2)
     rows = [line for line in out.splitlines() if line[:3].strip().isdigit()]
     assert 1 <= len(rows) <= 3  # a first that its full dry run refuses is dropped
     rates = [float(re.search(r" ([\d,]{4,}) ", line).group(1).replace(",", "")) for line in rows]
     assert rates == sorted(rates, reverse=True)
     assert 'extends = "' in text and "[parallelism]" in text
-    # a short sequence: no CP degree ranked
-    assert not any(" x CP" in r for r in rows) and "context_parallel_degree" not in text
-
-
-def test_search_picks_context_parallel_for_a_long_sequence(tmp_path):
-    """At 16k tokens on 2 GiB GPUs no layout without CP fits (the full dry run refuses
-    the fastest, FSDP4 at 2.3 GiB): the winner splits the sequence over 2 ranks, its
-    recipe says so and passes its dry run; the ring's bytes are in the breakdown."""
-    out, err, text = _search_small_gpu(tmp_path, 16384, 2)
     winner = next(line for line in out.splitlines() if line.startswith("winner on"))
     assert "CP2" in winner, out
     assert "context_parallel_degree = 2" in text and "seq_len = 16384" in text
     assert "does NOT fit; next" in err  # the estimate's first choice, refused by the dry run
     assert re.search(r"CP ring bytes per step per rank [1-9]", out), out
+
+
+def test_short_sequences_rank_no_context_parallelism():
+    """Below 16k tokens the search enumerates no CP degree; from it, only those whose
+    shards split the sequence in 2 x cp x tp."""
+    from boost_titan.perf.search.layouts import enumerate_layouts
+
+    a = _args(flavor="debugmodel")
+    assert {lay.cp for lay in enumerate_layouts(a, 4, 4, 2048, 16)} == {1}
+    long = enumerate_layouts(a, 4, 4, 16384, 16)
+    assert {lay.cp for lay in long} == {1, 2, 4}
+    assert all(16384 % (2 * lay.cp * lay.tp) == 0 and lay.world == 4 for lay in long)
 
 
 def test_search_refuses_bad_input_in_one_line():
