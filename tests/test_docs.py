@@ -137,7 +137,7 @@ def test_slug_matches_github():
 README_COMMANDS = {
     ".venv/bin/boost-titan search": "the same command on the debug model "
     "with a custom GPU and --write: "
-    "tests/test_perf_model.py::test_search_writes_a_recipe_that_passes_its_dry_run",
+    "tests/test_perf_model.py::test_search_picks_context_parallel_for_a_long_sequence_and_its_recipe_passes",
     ".venv/bin/boost-titan checkpoint export --format hf": "the same command on the "
     "debug_cola seed checkpoint (same model): tests/test_hf_export.py::"
     "test_hf_dcp_hf_round_trip_is_bitwise (its fixture exports, imports, exports again)",
