@@ -138,13 +138,14 @@ class _Unpickler(pickle.Unpickler):
 def _allowed_objects() -> list[tuple[str, Any]]:
     """(name, object) of each allowed global that has attributes a pickle could set,
     and of each member of the allowed enum (REDUCE hands back the singletons)."""
+    import enum
     import importlib
 
     out = []
     for module, name in sorted(ALLOWED):
         obj = getattr(importlib.import_module(module), name)
         out.append((f"{module}.{name}", obj))
-        if isinstance(obj, type) and issubclass(obj, __import__("enum").Enum):
+        if isinstance(obj, type) and issubclass(obj, enum.Enum):
             out += [(f"{module}.{name}.{m.name}", m) for m in obj]
     return [(n, o) for n, o in out if hasattr(o, "__dict__") or hasattr(o, "__defaults__")]
 
