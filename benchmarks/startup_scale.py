@@ -19,6 +19,7 @@ what that rank does at start-up:
     .metadata / open_step
              a resume's load of a step saved by N ranks: torch's ``.metadata`` unpickled
              (plain DCP), then ours, ``integrity.open_step`` (every rank's load opens it)
+             and the section of the rank's own file (``Step.reading``: its load reads it)
 
 The step (``--no-load``: none) is synthesized beforehand, in a process of its own, by
 ``checkpoint_scale.sealed_step``: the model's tensors x 3 states (model, both AdamW
@@ -149,7 +150,9 @@ def rank_startup(config_args: list[str], world: int, last: bool) -> dict[str, di
             return pickle.load(f)
 
     def open_step():
-        integrity.open_step(got["step"])
+        opened = integrity.open_step(got["step"])
+        if hasattr(opened, "reading"):  # (the rank's own file's section: since seal/2)
+            opened.reading(f"__{rank}_0.distcp")
 
     for name, fn in (("config", config), ("mesh", mesh), ("model", model), ("shards", shards),
                      ("data", data), ("folder", folder)):  # fmt: skip

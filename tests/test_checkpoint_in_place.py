@@ -125,7 +125,7 @@ def test_every_path_loads_what_torch_loads(tmp_path, monkeypatch, hashing):
 
 
 def _reader(step_dir: Path, fqn: str, f) -> VerifyingReader:
-    step = open_step(step_dir)
+    step = open_step(step_dir, whole=True)  # (every item's entry)
     index, info = next((i, s) for i, s in step.metadata.storage_data.items() if i.fqn == fqn)
     entry = step.seal.items[key(index)]
     raw = _create_file_view(f, info.offset, info.length)

@@ -82,8 +82,10 @@ def _stored(step_dir: Path, fqn: str, file: str | None = None):
 
 def _segments(step_dir: Path, fqn: str, file: str | None = None) -> list[int]:
     """The segment lengths the manifest records for the item ``fqn``."""
-    body = json.loads((step_dir / ".manifest.json").read_bytes().split(b"\n")[1])
-    return next(e[5] for e in body["items"] if e[0] == fqn and file in (None, e[2]))
+    seal = manifest.decode((step_dir / ".manifest.json").read_bytes(), str(step_dir))
+    return next(
+        list(e.segments) for e in seal.items.values() if e.fqn == fqn and file in (None, e.file)
+    )
 
 
 def _block_at(segments: list[int], pos: int) -> tuple[int, int]:
@@ -179,20 +181,27 @@ def test_a_step_is_plain_dcp_sealed_by_its_manifest(tmp_path):
     assert torch.equal(
         torch.load(__import__("io").BytesIO(raw[offset : offset + length])), _state()[BIG]
     )
-    # the manifest: header (digest of the body), then every item's place and digests
-    head, body = (step / ".manifest.json").read_bytes().split(b"\n")[:2]
+    # the manifest: header (digest of the root), the root (files, and where each data
+    # file's section lies, with its digest), then one section per data file: every
+    # item's place and digests
+    head, root, section, end = (step / ".manifest.json").read_bytes().split(b"\n")
     assert json.loads(head) == {
-        "seal": "boost_titan.seal/1", "algorithm": "xxh3_64",
-        "bytes": len(body), "digest": xxhash.xxh3_64_hexdigest(body),
+        "seal": "boost_titan.seal/2", "algorithm": "xxh3_64",
+        "bytes": len(root), "digest": xxhash.xxh3_64_hexdigest(root),
     }  # fmt: skip
-    body = json.loads(body)
+    body = json.loads(root)
     assert body["step"] == 4 and body["save_id"] == meta.storage_meta.save_id
-    assert "boost_titan.seal/1" in meta.storage_meta.modules
+    assert "boost_titan.seal/2" in meta.storage_meta.modules
     data = (step / ".metadata").read_bytes()
     assert body["files"] == {
         ".metadata": [len(data), xxhash.xxh3_64_hexdigest(data)],
         "__0_0.distcp": [len(raw), None],
     }
+    assert end == b"" and body["sections_bytes"] == len(section) + 1
+    assert body["sections"] == {
+        "__0_0.distcp": [0, len(section), xxhash.xxh3_64_hexdigest(section), 6]
+    }
+    body["items"] = json.loads(section)
     listed = {e[0]: e for e in body["items"]}
     assert len(listed) == len(meta.storage_data) == 6
     fqn, chunk, file, off, n, segments, digests = listed[BIG]
@@ -509,14 +518,16 @@ def test_paths_kinds_and_ranges_are_refused_in_one_line(tmp_path):
 
 
 def _reseal(step_dir: Path, change=None, body: bytes | None = None) -> None:
-    """Rewrite the step's manifest body (``change(fields)``, or ``body`` as given) under
-    a header that matches it: what refuses it is then the body's own check."""
+    """Rewrite the step's manifest as a seal/1 one (one body: still read) with its body
+    changed (``change(fields)``, or ``body`` as given) under a header that matches it:
+    what refuses it is then the body's own check."""
     if body is None:
-        fields = json.loads((step_dir / manifest.NAME).read_bytes().split(b"\n")[1])
+        seal = manifest.decode((step_dir / manifest.NAME).read_bytes(), str(step_dir))
+        fields = json.loads(manifest.encode_v1(seal).split(b"\n")[1])
         change(fields)
         body = json.dumps(fields).encode()
     head = {
-        "seal": manifest.SEAL, "algorithm": "xxh3_64",
+        "seal": manifest.SEAL_1, "algorithm": "xxh3_64",
         "bytes": len(body), "digest": xxhash.xxh3_64_hexdigest(body),
     }  # fmt: skip
     (step_dir / manifest.NAME).write_bytes(json.dumps(head).encode() + b"\n" + body + b"\n")

@@ -1,12 +1,16 @@
-"""Issue #48, what a sealed step costs as it grows: each rank encodes its own items'
-part of the manifest (the coordinator joins bytes), a rank checks each file of a step
-once per open (an lstat; realpath only for a link or a nested name), the garbage
-collector is paused while a step is parsed and back on after, nothing parsed is kept
-once a load ends; and the benchmark that measures it runs (small)."""
+"""Issue #48, what a sealed step costs as it grows: each rank encodes its own files'
+sections of the manifest (the coordinator joins bytes), a rank reads and checks the
+manifest's root and only the sections of the files it reads, and checks each file it
+reads once (an lstat; realpath only for a link or a nested name): what it parses and
+the file system calls it makes are the same at 8 and 64 ranks; a damaged section is
+noticed by the rank that reads its file, no other; the garbage collector is paused while
+a step is parsed and back on after, nothing parsed is kept once a load ends; and the
+benchmark that measures it runs (small)."""
 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +26,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.storage import WriteResult
 
 from boost_titan.checkpoint import integrity
-from boost_titan.checkpoint.integrity import dcp_hooks, manifest, step
+from boost_titan.checkpoint.integrity import dcp_hooks, manifest, step, step_files
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -64,7 +68,7 @@ def test_ranks_encode_their_parts_and_the_manifest_lists_every_item(tmp_path):
     """Two files from one rank (two writer threads): one part, every item listed; a
     step opens and loads as before."""
     folder = _save(tmp_path / "step-3", thread_count=2)
-    seal = integrity.open_step(folder).seal
+    seal = integrity.open_step(folder, whole=True).seal
     assert {f for f in seal.files} == {".metadata", "__0_0.distcp", "__0_1.distcp"}
     assert sorted(fqn for fqn, _ in seal.items) == sorted(_state())
     back = {k: torch.zeros_like(v) for k, v in _state().items()}
@@ -132,12 +136,17 @@ def test_a_link_inside_the_step_is_read_and_one_out_of_it_refused(tmp_path):
     data = folder / "__0_0.distcp"
     data.rename(folder / "moved.bin")
     data.symlink_to("moved.bin")
-    assert integrity.open_step(folder).trust == "sealed"
+    opened = integrity.open_step(folder)
+    opened.reading("__0_0.distcp")  # (as a load checks each file it reads, before it opens it)
+    assert opened.trust == "sealed"
     (tmp_path / "outside.bin").write_bytes((folder / "moved.bin").read_bytes())
     data.unlink()
     data.symlink_to(tmp_path / "outside.bin")
+    step.release()
     with pytest.raises(integrity.ChecksumMismatch, match="outside the step folder"):
-        integrity.open_step(folder)
+        integrity.open_step(folder).reading("__0_0.distcp")
+    with pytest.raises(integrity.ChecksumMismatch, match="outside the step folder"):
+        integrity.open_step(folder, whole=True)  # (verify's: every file)
 
 
 def test_the_collector_is_back_on_after_a_parse_that_fails(tmp_path):
@@ -169,3 +178,128 @@ def test_the_scale_benchmark_runs_small(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in ("coordinator at save", "one rank at load", "fs calls", "ours/plain"):
         assert line in proc.stdout, proc.stdout
+
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import checkpoint_scale  # noqa: E402
+
+
+class _Read:
+    """Counts the bytes read from ``.manifest.json``: all of them (os.pread, how a step's
+    manifest is read: ``step_files``) and its sections' (``step_files._Source``), and
+    file system calls (``checkpoint_scale.Calls``)."""
+
+    def __enter__(self):
+        self.real, self.source, self.bytes, self.sections = os.pread, step_files._Source, 0, 0
+        self._calls = checkpoint_scale.Calls()
+        self.count = self._calls.__enter__()
+        read = self
+
+        def pread(fd, n, at):
+            got = read.real(fd, n, at)
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(manifest.NAME):
+                read.bytes += len(got)
+            return got
+
+        class Source(step_files._Source):
+            def __call__(self, start, n, bad):
+                got = super().__call__(start, n, bad)
+                read.sections += len(got)
+                return got
+
+        os.pread, step_files._Source = pread, Source
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.pread, step_files._Source = self.real, self.source
+        self._calls.__exit__(*exc)
+
+
+def _rank_opens(folder: Path, rank: int) -> dict:
+    """What one rank's load of a synthesized step does before it reads an item: the step
+    opened, then its own file checked and its section read (``Step.reading``)."""
+    step.release()  # (a fresh rank)
+    with _Read() as read:
+        opened = integrity.open_step(folder)
+        opened.reading(f"__{rank}_0.distcp")
+    calls, rest = dict(read.count), read.bytes - read.sections
+    step.release()
+    return {"calls": calls, "items": len(opened.seal.items), "sections": read.sections}, rest
+
+
+def test_a_rank_parses_its_share_not_the_world(tmp_path):
+    """Issue #48: a rank's open for its load parses the manifest's root and its own
+    file's section: the items it parses, the section bytes it reads and its file
+    system calls are the same for a step of 8 ranks and one of 64 (only the root, an
+    entry per file, grows with the world); ``verify`` still reads every section."""
+    got = {}
+    for ranks in (8, 64):
+        folder = tmp_path / f"w{ranks}" / "step-3"
+        folder.mkdir(parents=True)
+        checkpoint_scale.sealed_step(folder, 2, ranks)  # 2 tensors x 3 states per file
+        got[ranks] = [_rank_opens(folder, r) for r in (0, ranks - 1)]
+        whole = integrity.open_step(folder, whole=True)
+        assert len(whole.seal.items) == 6 * ranks and len(whole.sizes) == ranks + 1
+        step.release()
+    for (small, root8), (large, root64) in zip(got[8], got[64]):
+        # the same calls, the same 6 items parsed, from sections of the same size (but
+        # for the digits of larger offsets and file numbers)
+        assert small["calls"] == large["calls"] and small["items"] == large["items"] == 6
+        assert 0 < small["sections"] <= large["sections"] < 1.05 * small["sections"]
+        assert sum(small["calls"].values()) <= 16, small
+        # the rest: the header and root (the first read is 4 KiB), a line per file
+        assert root64 - max(root8, 4096) < 150 * 64, (root8, root64)
+
+
+def test_a_damaged_section_is_noticed_by_the_rank_that_reads_its_file(tmp_path):
+    """A byte flipped in the section of one rank's file: a rank that reads another file
+    loads (it never reads that section); the rank that reads it is refused in one
+    line, before it opens the file; ``verify`` names it too."""
+    folder = tmp_path / "step-3"
+    folder.mkdir()
+    checkpoint_scale.sealed_step(folder, 2, 8)
+    raw = (folder / manifest.NAME).read_bytes()
+    head, root, _ = raw.split(b"\n", 2)
+    start, length = json.loads(root)["sections"]["__5_0.distcp"][:2]
+    at = len(head) + len(root) + 2 + start + length // 2
+    damaged = bytearray(raw)
+    damaged[at] ^= 0x01
+    (folder / manifest.NAME).write_bytes(bytes(damaged))
+    step.release()
+    for rank in (0, 4, 6):
+        integrity.open_step(folder).reading(f"__{rank}_0.distcp")
+    with pytest.raises(integrity.ChecksumMismatch) as info:
+        integrity.open_step(folder).reading("__5_0.distcp")
+    line = str(info.value)
+    assert line.startswith(
+        f"checkpoint {folder} is corrupted: its .manifest.json section of __5_0.distcp: xxh3_64 "
+    )
+    assert "\n" not in line and line.endswith("; not loaded"), line
+    assert integrity.verify(folder) == [line.removesuffix("; not loaded")]
+    step.release()
+
+
+def test_a_rank_that_loads_one_file_reads_no_other_section(tmp_path):
+    """A real DCP load of the items of one file of a two-file step whose other file's
+    section is damaged loads them; a load of every item is refused in one line."""
+    folder = _save(tmp_path / "step-8", thread_count=2)
+    whole = integrity.open_step(folder, whole=True).seal
+    first = sorted({e.fqn for e in whole.items.values() if e.file == "__0_0.distcp"})
+    assert first and len(first) < len(_state())
+    raw = (folder / manifest.NAME).read_bytes()
+    head, root, _ = raw.split(b"\n", 2)
+    start, length = json.loads(root)["sections"]["__0_1.distcp"][:2]
+    damaged = bytearray(raw)
+    damaged[len(head) + len(root) + 2 + start + length // 2] ^= 0x01
+    (folder / manifest.NAME).write_bytes(bytes(damaged))
+    step.release()
+    back = {k: torch.zeros_like(_state()[k]) for k in first}
+    dcp.load(back, checkpoint_id=str(folder), no_dist=True)
+    assert all(torch.equal(back[k], _state()[k]) for k in first)
+    step.release()
+    with pytest.raises(BaseException) as info:
+        dcp.load({k: torch.zeros_like(v) for k, v in _state().items()}, checkpoint_id=str(folder),
+                 no_dist=True)  # fmt: skip
+    line = str(integrity.mismatch_in(info.value))
+    assert "its .manifest.json section of __0_1.distcp: xxh3_64" in line and "\n" not in line
+    step.release()

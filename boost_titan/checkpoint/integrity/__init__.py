@@ -6,17 +6,20 @@ next to ``safe_metadata.install()``) makes every DCP save and load of the proces
 
 - **save**: each item (tensor chunk or pickled value) is digested as it streams to its
   ``__R_F.distcp`` file, one xxh3_64 per MiB (``blocks``: hashed beside the write, by a
-  helper thread); each rank encodes its own items' entries of the manifest once its
+  helper thread); each rank encodes its own files' sections of the manifest (every
+  item's FQN, chunk, file, offset, length and digests) and their digests once its
   writes are done, and they travel with DCP's write results to the coordinator, which
-  joins the ranks' bytes into the step's manifest ``.manifest.json`` (``manifest``: save id, step N,
-  every item's FQN, chunk, file, offset, length and digests, every file's size, the
-  digests of ``.metadata``) atomically, then ``.metadata``, whose presence marks the step
+  joins the ranks' bytes under a small root (save id, step N, every file's size, the
+  digests of ``.metadata`` and of each section) into the step's manifest
+  ``.manifest.json`` (``manifest``) atomically, then ``.metadata``, whose presence marks the step
   complete. ``.metadata`` is what torch writes (one string added to
   ``storage_meta.modules``): no transform, no trailer.
 - **load**: every reader of a step opens it through :func:`~.step.open_step` first: the
-  folder is no link, the manifest verifies and names the folder's step, every file is a
-  regular file inside the folder of its recorded size, ``.metadata``'s bytes match
-  before it is unpickled (allowlisted) and it lists the manifest's items; then DCP reads
+  folder is no link, the manifest's root verifies and names the folder's step,
+  ``.metadata``'s bytes match before it is unpickled (allowlisted); then, for each file
+  a rank's load reads (only those), the file is a regular file inside the folder of its
+  recorded size and its section of the manifest verifies, each item it reads lies where
+  the manifest says, and DCP reads
   each item through a reader that checks every MiB against the manifest as it reads it,
   before the read returns, on every rank, in every layout, resharding included
   (``in_place``: a tensor's bytes go straight from the file into the tensor it loads

@@ -137,7 +137,8 @@ def _sync(f, sync_files: bool) -> None:
 
 def _write_data(self, plan, planner):
     """torch's, with this rank's part of the manifest made once its items are written:
-    its items encoded (``manifest.items_part``) and its files' ends, carried by its
+    its files' sections encoded and digested (``manifest.sections_part``) and its
+    files' ends, carried by its
     first write result to the coordinator, which then only joins the ranks' bytes."""
     written = _torch_write_data(self, plan, planner)
     if getattr(self.transforms, "_boost_unsealed", True):
@@ -159,7 +160,7 @@ def _with_part(results: list) -> list:
         entries.append(mf.ItemEntry(fqn, chunk, file, offset, length, segments, item_digests))
         ends[file] = max(ends.get(file, 0), offset + length)
     entries.sort(key=lambda i: (i.file, i.offset))
-    infos[0].__dict__[_PART] = (mf.items_part(entries), ends, len(entries))
+    infos[0].__dict__[_PART] = (mf.sections_part(entries), ends, len(entries))
     return results
 
 
@@ -167,7 +168,7 @@ def finish(self, metadata: Metadata, results) -> None:
     """``_FileSystemWriter.finish`` of torch 2.13 with the manifest: its items are the
     ranks' parts (:func:`_write_data`), joined as bytes (nothing done per item here
     that torch does not do), ``.metadata`` stays what torch writes (plus a
-    ``boost_titan.seal/1`` entry in ``storage_meta.modules``), the manifest is written
+    ``boost_titan.seal/2`` entry in ``storage_meta.modules``), the manifest is written
     (tmp + rename) and only then ``.metadata``, whose presence marks the step
     complete."""
     with mf.gc_paused():  # (torch's storage dict: an entry per item, no cycle)
@@ -280,10 +281,11 @@ def transform_load_stream(self, read_item, transform_descriptors, raw_stream):
         describe(index),
         getattr(raw_stream, "offset", -1),
     )
-    if step is not None and step.seal is not None and not transform_descriptors:
-        entry = step.seal.items.get(mf.key(index))
-        if entry is None:  # open_step matched .metadata to the manifest: never here
-            raise ChecksumMismatch(f"checkpoint {item.folder}: {item.what} is not in its manifest")
+    if step is not None and step.seal is not None:
+        # the manifest's entry (its file's section read first), where .metadata puts it
+        relative = os.path.relpath(path, step.folder) if path else "(unknown file)"
+        offset, length = getattr(raw_stream, "offset", -1), getattr(raw_stream, "len", -1)
+        entry = step.entry(index, relative, offset, length, transform_descriptors)
         blocks = segment_blocks(entry.segments, step.seal.block)
         return VerifyingReader(raw_stream, entry.length, entry.digests, item, blocks)
     if list(transform_descriptors or ()) == [legacy.DESCRIPTOR]:

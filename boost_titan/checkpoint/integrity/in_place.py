@@ -97,7 +97,10 @@ def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         item_md = self.storage_data[read_item.storage_index]
         per_file.setdefault(item_md.relative_path, []).append(read_item)
 
+    step = getattr(self.transforms, "_boost_step", None)  # (``dcp_hooks._read_verified``)
     for relative_path, reqs in per_file.items():
+        if step is not None:  # the file checked (and its section read) before it is opened
+            step.reading(relative_path)
         new_path = self.fs.concat_path(self.path, relative_path)
         with self.fs.create_stream(new_path, "rb") as stream:
             for req in reqs:

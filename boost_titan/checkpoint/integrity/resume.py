@@ -137,7 +137,10 @@ def _choose(
     for n in steps:
         path = os.path.join(folder, f"step-{n}")
         try:
-            opened = open_step(path, allow_link=False)  # a link here would be saved through
+            # a link here would be saved through; every file present, of its size (rank 0
+            # alone, one lstat a file, nothing parsed: a step missing a rank's file is passed
+            # over here, not after every rank has begun to load it)
+            opened = open_step(path, allow_link=False, files=True)
             remark = _whose(path, opened.seal, folder, owner, allow)
             return ("ok", True, n, notes, steps[0], remark)
         except ChecksumMismatch as e:

@@ -7,24 +7,30 @@ pre-check (``checkpoint.folder.states_held``), the data position check
 ``read_metadata`` hook, installed by ``integrity.install``), ``verify`` and export all
 go through it, and a rank parses a step once per load (the last step opened is kept,
 while its files' identity and size stay the same, until ``release`` at the end of the
-load: a step's parse is as large as its items). Each file of the step is checked once
-per open. In order:
+load). In order:
 
 1. the folder is a real folder (a symbolic link in the dump folder is refused: it would
    load as a step it is not, and the next save of that step would write through it; a
    checkpoint the user names may be a link, read through);
-2. ``.manifest.json`` (:mod:`.manifest`), when there is one: a regular file, its body
-   checked against its header's digest, then parsed (JSON); the step it names is the
-   folder's N; every file it lists is a regular file inside the folder, of the size it
-   records; ``.metadata``'s bytes match their digests; only then is ``.metadata``
-   unpickled (allowlisted, ``safe_metadata``), and it must list exactly the manifest's
-   items, where the manifest says they lie, and the same save id;
+2. ``.manifest.json`` (:mod:`.manifest`), when there is one: a regular file, its
+   header, then its root (``boost_titan.seal/2``; a seal/1 manifest: its whole body)
+   checked against the header's digest, then parsed (JSON); the step it names is the
+   folder's N; ``.metadata``'s bytes match their digests; only then is ``.metadata``
+   unpickled (allowlisted, ``safe_metadata``), and it must list as many items as the
+   manifest and the same save id;
 3. without a manifest: a ``.metadata.xxh3`` sidecar (trailers, :mod:`.legacy`) is
    checked before ``.metadata`` is unpickled; with neither, ``.metadata`` is unpickled
-   unverified (allowlisted) and refused if it says its step was sealed;
-4. for every step: each file ``.metadata`` names is a relative path inside the folder
-   (no absolute path, no ``..``, no link out of it) to a regular file (no FIFO, no
-   device: a read never blocks), and every item lies within its file.
+   unverified (allowlisted) and refused if it says its step was sealed, and each file
+   ``.metadata`` names is checked as in 4, every item within its file.
+4. each file a load reads, before it is opened (:meth:`Step.reading`: a rank checks the
+   files it reads, not the world's): a relative path inside the folder (no absolute
+   path, no ``..``, no link out of it) to a regular file (no FIFO, no device: a read
+   never blocks) of the size the manifest records; in a seal/2 step the file's section
+   of the manifest is then read, checked against the root's digest and parsed, and each
+   item a load reads must lie where the manifest puts it (:meth:`Step.entry`).
+
+A seal/1 step (one body: every item parsed at once), a Hugging Face folder and
+``whole`` (``verify``) check every file and match every item at the open.
 
 Each problem is one :class:`ChecksumMismatch` line."""
 
@@ -32,23 +38,32 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import stat
-from pathlib import Path
 
 from torch.distributed.checkpoint.metadata import Metadata
 
 from boost_titan.checkpoint import safe_metadata
 from boost_titan.checkpoint.integrity import legacy
-from boost_titan.checkpoint.integrity.blocks import NOT_LOADED, ChecksumMismatch, segment_digests
+from boost_titan.checkpoint.integrity.blocks import NOT_LOADED, segment_digests
 from boost_titan.checkpoint.integrity.manifest import (
     METADATA,
     NAME,
-    SEAL,
+    SEALS,
     Seal,
-    decode,
     gc_paused,
+    key,
+    load_all,
+    load_section,
+    mismatch,
 )
 from boost_titan.checkpoint.integrity.manifest import step_of as _step_of_name
+from boost_titan.checkpoint.integrity.step_files import (  # noqa: F401  (read_regular: the API)
+    _lstat,
+    _problem,
+    check_folder,
+    member_size,
+    read_manifest,
+    read_regular,
+)
 
 HF_INDEX = "model.safetensors.index.json"
 SEALED, TRAILERS, UNVERIFIED = "sealed", "trailers", "unverified"
@@ -61,7 +76,8 @@ class Step:
     trust: str  # SEALED | TRAILERS | UNVERIFIED
     metadata: Metadata | None  # None: a Hugging Face folder
     seal: Seal | None
-    sizes: dict[str, int]  # every data file's size
+    sizes: dict[str, int]  # the size of every data file checked so far
+    tail: str = NOT_LOADED
 
     @property
     def training_states(self) -> set[str]:
@@ -70,151 +86,43 @@ class Step:
             return set()
         return {k.split(".", 1)[0] for k in self.metadata.state_dict_metadata}
 
-
-def _problem(folder: str, what: str, tail: str) -> ChecksumMismatch:
-    return ChecksumMismatch(f"checkpoint {folder} {what}{tail}")
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "folder"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISLNK, "symbolic link"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
-
-
-def _lstat(path: str):
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
-
-
-def check_folder(folder: str, tail: str = NOT_LOADED, allow_link: bool = False) -> None:
-    st = _lstat(folder)
-    if st is None:
-        raise _problem(folder, "does not exist", tail)
-    if stat.S_ISLNK(st.st_mode) and allow_link:
-        st = _lstat(os.path.realpath(folder))
-        if st is None:
-            raise _problem(
-                folder, f"is a symbolic link to {os.readlink(folder)}, which does not exist", tail
-            )
-    if stat.S_ISLNK(st.st_mode):
-        raise _problem(
-            folder,
-            f"is a symbolic link (to {os.readlink(folder)}), not a folder: a step folder "
-            "must be a real one (a link loads as a step it is not, and the next save of "
-            "that step would write through it)",
-            tail,
-        )
-    if not stat.S_ISDIR(st.st_mode):
-        raise _problem(folder, f"is a {_kind(st.st_mode)}, not a step folder", tail)
-
-
-def read_regular(folder: str, name: str, tail: str = NOT_LOADED) -> bytes | None:
-    """The bytes of ``folder/name`` (None if absent), refused unless a regular file
-    (opened without following a link, without blocking on a FIFO)."""
-    path = os.path.join(folder, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        kind = "symbolic link" if os.path.islink(path) else None
-        if kind:
-            raise _problem(
-                folder, f"is refused: its {name} is a {kind}, not a regular file", tail
-            ) from None
-        raise _problem(
-            folder, f"is damaged: its {name} cannot be read ({e.strerror})", tail
-        ) from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):  # (before fdopen, which raises IsADirectoryError on a folder)
-        os.close(fd)
-        raise _problem(
-            folder, f"is refused: its {name} is a {_kind(mode)}, not a regular file", tail
-        )
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return f.read()
-        except OSError as e:
-            raise _problem(
-                folder, f"is damaged: its {name} cannot be read ({e.strerror})", tail
-            ) from None
-
-
-def _encodable(name: str) -> bool:
-    """Whether ``name`` can name a file (a lone surrogate cannot: the file system call
-    would raise UnicodeEncodeError)."""
-    try:
-        os.fsencode(name)
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _stat(call, path: str, folder: str, relative: str, tail: str):
-    """``call(path)`` (lstat or stat) with a missing or unreadable file as the step's line."""
-    try:
-        return call(path)
-    except FileNotFoundError:
-        raise _problem(folder, f"is incomplete: {relative} is missing", tail) from None
-    except OSError as e:
-        raise _problem(
-            folder, f"is damaged: {relative} cannot be read ({e.strerror})", tail
-        ) from None
-
-
-def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
-    """The size of the file a step's metadata names, refused unless it is a relative
-    path to a regular file inside the folder."""
-    if (
-        not isinstance(relative, str)
-        or not relative
-        or os.path.isabs(relative)
-        or ".." in Path(relative).parts
-        or "\x00" in relative
-    ):
-        raise _problem(
-            folder,
-            f"is refused: its metadata names the file {relative!r}, not a relative path "
-            "inside the step folder",
-            tail,
-        )
-    if not _encodable(relative):
-        raise _problem(
-            folder,
-            f"is refused: its metadata names the file {relative!r}, a name no file can have "
-            "(a lone surrogate)",
-            tail,
-        )
-    path = os.path.join(folder, relative)
-    st = _stat(os.lstat, path, folder, relative, tail)
-    # one lstat suffices for a plain name that is no link (DCP's __R_0.distcp): it lies in
-    # the folder checked; a link, or a name through subfolders (a link among them), is
-    # resolved to be checked inside it
-    if stat.S_ISLNK(st.st_mode) or os.sep in relative:
-        real, base = os.path.realpath(path), os.path.realpath(folder)
-        if os.path.commonpath([real, base]) != base:
+    def reading(self, relative: str) -> None:
+        """Before a load opens ``relative``: the file checked (``member_size``: a regular
+        file inside the folder, of the size the manifest records) and, in a seal/2
+        step, its section of the manifest read and checked; once per file."""
+        if relative in self.sizes:
+            return
+        seal, folder, tail = self.seal, self.folder, self.tail
+        if seal is None:
+            self.sizes[relative] = member_size(folder, relative, tail)
+            return
+        entry = seal.files.get(relative) if isinstance(relative, str) else None
+        if entry is None or entry.digests is not None:
             raise _problem(
                 folder,
-                f"is refused: its metadata names {relative!r}, which resolves to {real}, "
-                "outside the step folder",
+                f"is corrupted: its {METADATA} names the file {relative!r}, which its {NAME} "
+                "lists as no data file",
                 tail,
             )
-        st = _stat(os.stat, path, folder, relative, tail)
-    if not stat.S_ISREG(st.st_mode):
-        raise _problem(
-            folder, f"is refused: {relative} is a {_kind(st.st_mode)}, not a regular file", tail
-        )
-    return st.st_size
+        if seal.sections and relative in seal.sections and relative not in seal.loaded:
+            load_section(seal, relative, mismatch(folder, tail))
+        size = member_size(folder, relative, tail)
+        if size != entry.bytes:
+            raise _problem(
+                folder,
+                f"is corrupted: {relative} holds {size} bytes where its save wrote {entry.bytes}",
+                tail,
+            )
+        self.sizes[relative] = size
+
+    def entry(self, index, relative: str, offset: int, length: int, transforms=()):
+        """The manifest's entry of the item ``index`` a load reads from ``relative`` at
+        ``offset``, ``length`` (as ``.metadata`` says), refused unless the manifest puts
+        it there too (its file's section read first: :meth:`reading`)."""
+        self.reading(relative)
+        item = self.seal.items.get(key(index))
+        _placed(self.folder, index, (relative, offset, length), item, transforms, self.tail)
+        return item
 
 
 def _unpickle(folder: str, data: bytes, tail: str) -> Metadata:
@@ -242,9 +150,10 @@ def _unpickle(folder: str, data: bytes, tail: str) -> Metadata:
     return metadata
 
 
-def _check_files(folder: str, seal: Seal, tail: str) -> dict[str, int]:
-    """The manifest's step is the folder's; every file it lists is a regular file
-    inside the folder, of the size it records."""
+def _check_files(folder: str, seal: Seal, tail: str, every: bool = True) -> dict[str, int]:
+    """The manifest's step is the folder's; with ``every``, every file it lists is a
+    regular file inside the folder, of the size it records (else each data file is
+    checked when a load reads it: ``Step.reading``)."""
     named = _step_of_name(os.path.basename(os.path.normpath(folder)))
     # a manifest with no step (a save outside a step-N folder) names no step-N either:
     # a null step must not let a step pass under any name
@@ -261,7 +170,7 @@ def _check_files(folder: str, seal: Seal, tail: str) -> dict[str, int]:
             tail,
         )
     sizes = {}
-    for name, entry in seal.files.items():
+    for name, entry in seal.files.items() if every else ():
         size = member_size(folder, name, tail)
         if size != entry.bytes:
             raise _problem(
@@ -292,32 +201,14 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
         )
     metadata = _unpickle(folder, data, tail)
     storage = metadata.storage_data
-    if len(storage) != len(seal.items):
+    if len(storage) != seal.count:
         raise _problem(
             folder,
-            f"is corrupted: {METADATA} lists {len(storage)} items, its {NAME} {len(seal.items)}",
+            f"is corrupted: {METADATA} lists {len(storage)} items, its {NAME} {seal.count}",
             tail,
         )
-    items = seal.items
-    for index, info in storage.items():
-        offset = getattr(index, "offset", None)  # (``key``, inline: once per item)
-        item = items.get((index.fqn, None if offset is None else tuple(offset)))
-        where = (info.relative_path, info.offset, info.length)
-        if item is None or item[2:5] != where:  # (file, offset, length)
-            listed = (
-                "does not list it"
-                if item is None
-                else f"at {(item.file, item.offset, item.length)}"
-            )
-            raise _problem(
-                folder,
-                f"is corrupted: {METADATA} puts item {index.fqn} at {where}, its {NAME} {listed}",
-                tail,
-            )
-        if info.transform_descriptors:
-            raise _problem(
-                folder, f"is corrupted: {METADATA} declares transforms on {index.fqn}", tail
-            )
+    if seal.sections is None:  # every item at hand (seal/1): matched now
+        _match_items(folder, seal, metadata, tail)
     save_id = getattr(metadata.storage_meta, "save_id", None)
     if seal.save_id is not None and save_id != seal.save_id:
         raise _problem(
@@ -326,6 +217,41 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
             tail,
         )
     return metadata
+
+
+def _placed(folder: str, index, where: tuple, item, transforms, tail: str) -> None:
+    """``.metadata``'s item ``index`` at ``where`` (file, offset, length) is the
+    manifest's ``item`` (None: not listed), with no transform."""
+    if item is None or item[2:5] != where:  # (file, offset, length)
+        listed = (
+            "does not list it" if item is None else f"at {(item.file, item.offset, item.length)}"
+        )
+        raise _problem(
+            folder,
+            f"is corrupted: {METADATA} puts item {index.fqn} at {where}, its {NAME} {listed}",
+            tail,
+        )
+    if transforms:
+        raise _problem(folder, f"is corrupted: {METADATA} declares transforms on {index.fqn}", tail)
+
+
+def _match_items(folder: str, seal: Seal, metadata: Metadata, tail: str) -> None:
+    """``.metadata`` lists exactly the manifest's items (all of them parsed), where it
+    says they lie."""
+    items = seal.items
+    if len(items) != len(metadata.storage_data):
+        raise _problem(
+            folder,
+            f"is corrupted: {METADATA} lists {len(metadata.storage_data)} items, its {NAME} "
+            f"{len(items)}",
+            tail,
+        )
+    for index, info in metadata.storage_data.items():
+        offset = getattr(index, "offset", None)  # (``key``, inline: once per item)
+        item = items.get((index.fqn, None if offset is None else tuple(offset)))
+        where = (info.relative_path, info.offset, info.length)
+        if item is None or item[2:5] != where or info.transform_descriptors:
+            _placed(folder, index, where, item, info.transform_descriptors, tail)
 
 
 def _check_items_within(
@@ -375,9 +301,8 @@ def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, s
     if cache_key in _parsed:
         trust, seal, metadata = _parsed[cache_key]
         return trust, seal, metadata, "hf" if metadata is None else "dcp"
-    raw = read_regular(folder, NAME, tail)
-    if raw is not None:
-        seal = decode(raw, folder, tail)
+    seal = read_manifest(folder, tail)
+    if seal is not None:
         trust, metadata = SEALED, None
         if seal.kind == "dcp":
             metadata = _check_metadata(folder, seal, tail)
@@ -397,7 +322,7 @@ def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, s
             trust = TRAILERS
         else:
             trust = UNVERIFIED
-            if SEAL in (getattr(metadata.storage_meta, "modules", None) or ()):
+            if set(SEALS) & set(getattr(metadata.storage_meta, "modules", None) or ()):
                 raise _problem(
                     folder,
                     f"is incomplete: its {METADATA} says its save sealed it, but its {NAME} "
@@ -419,23 +344,37 @@ def _parse(folder: str, tail: str) -> tuple[str, Seal | None, Metadata | None, s
     return trust, seal, metadata, "hf" if metadata is None else "dcp"
 
 
-def open_step(folder: str | os.PathLike, tail: str = NOT_LOADED, allow_link: bool = True) -> Step:
+def open_step(
+    folder: str | os.PathLike,
+    tail: str = NOT_LOADED,
+    allow_link: bool = True,
+    whole: bool = False,
+    files: bool = False,
+) -> Step:
     """The step folder ``folder``, checked as the module says (one ChecksumMismatch
     line otherwise; an allowlist refusal stays ``UntrustedCheckpointError``).
     ``allow_link``: a folder that is a symbolic link is read through it (a checkpoint
     the user named, ``verify``; its manifest's step is still checked against the
-    link's name); the dump folder's steps are chosen without (``resume``)."""
+    link's name); the dump folder's steps are chosen without (``resume``). ``whole``
+    (``verify``): a seal/2 step's every section read and matched to ``.metadata``, and
+    every file checked, as a seal/1 step always is; else a load checks each data file,
+    and reads its section, when it reads it (``Step.reading``). ``files`` (rank 0's
+    choice of the step a resume loads): every file checked, no section read."""
     folder = os.fspath(folder)
     check_folder(folder, tail, allow_link)
     trust, seal, metadata, fmt = _parse(folder, tail)
     if seal is not None:
-        # every file checked once; a sealed step's items already lie where the manifest
-        # says (``_check_metadata``), within the sizes it records (``decode``), which are
-        # the files' (``_check_files``)
-        sizes = _check_files(folder, seal, tail)
+        lazy = seal.sections is not None and seal.kind == "dcp"
+        if whole and lazy and metadata is not None:
+            load_all(seal, mismatch(folder, tail))
+            _match_items(folder, seal, metadata, tail)
+        # every file checked once (``whole``, seal/1, Hugging Face), or each as it is read;
+        # a sealed step's items lie where the manifest says (``_check_metadata``, or
+        # ``Step.entry`` as each is read), within the sizes it records, the files' sizes
+        sizes = _check_files(folder, seal, tail, whole or files or not lazy)
     else:
         sizes = {} if metadata is None else _check_items_within(folder, metadata, tail, {})
-    return Step(folder, fmt, trust, metadata, seal, sizes)
+    return Step(folder, fmt, trust, metadata, seal, sizes, tail)
 
 
 def states_held(folder: str | os.PathLike) -> set[str]:

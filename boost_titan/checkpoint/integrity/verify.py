@@ -155,7 +155,7 @@ def _check(folder: Path, out: Verification) -> None:
     if not os.path.lexists(folder):
         out.problems.append(f"{folder} is not a DCP checkpoint: it does not exist")
         return
-    step = open_step(folder, "")
+    step = open_step(folder, "", whole=True)  # (every section, every file)
     out.trust = step.trust
     out.unlisted = _unlisted(step)
     buf = memoryview(bytearray(_CHUNK))
