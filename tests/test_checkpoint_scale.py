@@ -303,3 +303,48 @@ def test_a_rank_that_loads_one_file_reads_no_other_section(tmp_path):
     line = str(integrity.mismatch_in(info.value))
     assert "its .manifest.json section of __0_1.distcp: xxh3_64" in line and "\n" not in line
     step.release()
+
+
+def test_the_launch_check_parses_no_item(tmp_path):
+    """The launch-time config check (``folder.missing_states`` -> ``open_step``) reads
+    the manifest's root and ``.metadata`` (its digest checked before it is unpickled),
+    no section: no item parsed, the same file system calls at 8 and 64 ranks."""
+    from boost_titan.checkpoint import folder as checkpoint_folder
+
+    calls = {}
+    for ranks in (8, 64):
+        folder = tmp_path / f"w{ranks}" / "step-3"
+        folder.mkdir(parents=True)
+        checkpoint_scale.sealed_step(folder, 2, ranks)
+        step.release()
+        with _Read() as read:
+            missing = checkpoint_folder.missing_states(str(folder), ())
+        assert "optimizer" not in missing and read.sections == 0
+        assert integrity.open_step(folder).seal.items == {}  # (the launch check's parse)
+        calls[ranks] = dict(read.count)
+        step.release()
+    assert calls[8] == calls[64], calls
+
+
+def test_a_seal_1_step_still_loads_and_verifies(tmp_path):
+    """A step whose manifest is a seal/1 one (one body: steps saved before seal/2) opens,
+    loads and verifies as before, every item parsed at the open; a flipped byte in its
+    body is one line."""
+    folder = _save(tmp_path / "step-9", thread_count=2)
+    path = folder / manifest.NAME
+    seal = manifest.decode(path.read_bytes(), str(folder))
+    path.write_bytes(manifest.encode_v1(seal))
+    assert path.read_bytes().startswith(b'{"seal":"boost_titan.seal/1"')
+    step.release()
+    opened = integrity.open_step(folder)
+    assert opened.seal.sections is None and len(opened.seal.items) == len(_state())
+    back = {k: torch.zeros_like(v) for k, v in _state().items()}
+    dcp.load(back, checkpoint_id=str(folder), no_dist=True)
+    assert all(torch.equal(back[k], v) for k, v in _state().items())
+    assert integrity.verify(folder) == []
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+    step.release()
+    (line,) = integrity.verify(folder)
+    assert line.startswith(f"checkpoint {folder} is corrupted: its .manifest.json body has "), line
