@@ -11,9 +11,9 @@ gather) fails here deterministically.
 
 Not asserted: the device mesh *creates* more groups at 64 ranks (torch's DeviceMesh,
 on a backend without a bound device, calls ``new_group`` for every subgroup of every
-mesh dimension, member or not), and a resume's load of a step opens every rank's file
-(``integrity.open_step``; docs/checkpoints.md): both known, both measured by the
-benchmark."""
+mesh dimension, member or not): known, measured by the benchmark. A resume's load of
+a step (``integrity.open_step``, then the rank's own files) is counted at 8 and 64
+ranks in test_checkpoint_scale.py."""
 
 from __future__ import annotations
 
