@@ -348,3 +348,30 @@ def test_a_seal_1_step_still_loads_and_verifies(tmp_path):
     step.release()
     (line,) = integrity.verify(folder)
     assert line.startswith(f"checkpoint {folder} is corrupted: its .manifest.json body has "), line
+
+
+def test_a_damaged_root_or_a_cut_manifest_is_refused_at_the_open(tmp_path):
+    """The root (what every rank reads) checked against the header's digest before it is
+    parsed, and the manifest's length against the root's: each one line at the open."""
+    folder = tmp_path / "step-3"
+    folder.mkdir()
+    checkpoint_scale.sealed_step(folder, 2, 8)
+    raw = (folder / manifest.NAME).read_bytes()
+    head, root, _ = raw.split(b"\n", 2)
+    total = len(raw) - len(head) - len(root) - 2  # the sections' bytes
+    damaged = bytearray(raw)
+    damaged[len(head) + 20] ^= 0x01
+    cut = "its .manifest.json is cut or extended: its root gives"
+    cases = {
+        bytes(damaged): "its .manifest.json body has xxh3_64 ",
+        raw[:-1]: f"{cut} {total} bytes of sections, it holds {total - 1}",
+        raw + b"\n": f"{cut} {total} bytes of sections, it holds {total + 1}",
+    }
+    for data, expected in cases.items():
+        (folder / manifest.NAME).write_bytes(data)
+        step.release()
+        with pytest.raises(integrity.ChecksumMismatch) as info:
+            integrity.open_step(folder)
+        line = str(info.value)
+        assert line.startswith(f"checkpoint {folder} is corrupted: ") and expected in line, line
+        assert "\n" not in line and line.endswith("; not loaded"), line
