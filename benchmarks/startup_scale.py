@@ -109,6 +109,7 @@ def rank_startup(config_args: list[str], world: int, last: bool) -> dict[str, di
     from boost_titan.train.specs import build_optimizers
 
     rank = world - 1 if last else 0
+    os.environ["RANK"] = str(rank)  # as torchrun sets it (the launch check reads it)
     got: dict = {}
     out: dict[str, dict] = {}
 

@@ -305,25 +305,42 @@ def test_a_rank_that_loads_one_file_reads_no_other_section(tmp_path):
     step.release()
 
 
-def test_the_launch_check_parses_no_item(tmp_path):
-    """The launch-time config check (``folder.missing_states`` -> ``open_step``) reads
-    the manifest's root and ``.metadata`` (its digest checked before it is unpickled),
-    no section: no item parsed, the same file system calls at 8 and 64 ranks."""
-    from boost_titan.checkpoint import folder as checkpoint_folder
+def test_the_launch_check_parses_no_item(tmp_path, monkeypatch):
+    """The launch-time config check (``config_check.checkpoint._missing`` ->
+    ``folder.missing_states`` -> ``open_step``) reads the manifest's root and
+    ``.metadata`` (its digest checked before it is unpickled), no section: no item
+    parsed, the same file system calls at 8 and 64 ranks on every rank but the first;
+    the first also lstats each file of the step, so a lost file is refused at launch."""
+    from boost_titan.train.config_check.checkpoint import _missing
 
     calls = {}
     for ranks in (8, 64):
         folder = tmp_path / f"w{ranks}" / "step-3"
         folder.mkdir(parents=True)
         checkpoint_scale.sealed_step(folder, 2, ranks)
+        for rank in ("5", "0"):
+            monkeypatch.setenv("RANK", rank)
+            step.release()
+            with _Read() as read:
+                missing = _missing(str(folder), (), "initial_load_path", str(folder))
+            assert "optimizer" not in missing and read.sections == 0
+            assert integrity.open_step(folder).seal.items == {}  # (the launch check's parse)
+            calls[ranks, rank] = dict(read.count)
         step.release()
-        with _Read() as read:
-            missing = checkpoint_folder.missing_states(str(folder), ())
-        assert "optimizer" not in missing and read.sections == 0
-        assert integrity.open_step(folder).seal.items == {}  # (the launch check's parse)
-        calls[ranks] = dict(read.count)
-        step.release()
-    assert calls[8] == calls[64], calls
+    assert calls[8, "5"] == calls[64, "5"], calls
+    # the first rank: one lstat more per file (64 data files against 8)
+    grown = {k: calls[64, "0"][k] - calls[8, "0"].get(k, 0) for k in calls[64, "0"]}
+    assert {k: n for k, n in grown.items() if n} == {"lstat": 56}, calls
+    (folder / "__63_0.distcp").unlink()
+    step.release()
+    with pytest.raises(ValueError) as info:
+        _missing(str(folder), (), "initial_load_path", str(folder))
+    assert "names a damaged checkpoint" in str(info.value) and "__63_0.distcp" in str(info.value)
+    assert "\n" not in str(info.value)
+    monkeypatch.setenv("RANK", "5")  # (another rank: found when its load reaches the file)
+    step.release()
+    assert "optimizer" not in _missing(str(folder), (), "initial_load_path", str(folder))
+    step.release()
 
 
 def test_a_seal_1_step_still_loads_and_verifies(tmp_path):

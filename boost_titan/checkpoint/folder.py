@@ -46,25 +46,27 @@ def step_dir(folder: str, step: int) -> str:
     return os.path.join(folder, f"step-{step}")
 
 
-def states_held(path: str) -> set[str]:
+def states_held(path: str, files: bool = False) -> set[str]:
     """The :data:`TRAINING_STATES` a complete step folder holds (empty: the model only).
     The step is opened through ``boost_titan.checkpoint.integrity`` (its manifest and
     ``.metadata``'s bytes verified before ``.metadata`` is unpickled, allowlisted): a
     damaged step raises its one-line ``ChecksumMismatch``, a crafted one is refused; a
-    Hugging Face step folder holds the model only."""
+    Hugging Face step folder holds the model only. ``files``: every file of the step
+    present, of its recorded size (one lstat each)."""
     from boost_titan.checkpoint.integrity.step import states_held as held
 
     if not os.path.isfile(os.path.join(path, ".metadata")):
         if os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
             held(path)  # a sealed Hugging Face folder is checked too
         return set()
-    return held(path) & set(TRAINING_STATES)
+    return held(path, files) & set(TRAINING_STATES)
 
 
-def missing_states(path: str, excluded) -> list[str]:
+def missing_states(path: str, excluded, files: bool = False) -> list[str]:
     """The training states a full load of ``path`` would ask for (all but ``excluded``,
-    ``[checkpoint] exclude_from_loading``) that it does not hold."""
-    held = states_held(path)
+    ``[checkpoint] exclude_from_loading``) that it does not hold (``files``: as
+    :func:`states_held`)."""
+    held = states_held(path, files)
     return [s for s in TRAINING_STATES if s not in excluded and s not in held]
 
 

@@ -377,5 +377,7 @@ def open_step(
     return Step(folder, fmt, trust, metadata, seal, sizes, tail)
 
 
-def states_held(folder: str | os.PathLike) -> set[str]:
-    return open_step(folder, "").training_states
+def states_held(folder: str | os.PathLike, files: bool = False) -> set[str]:
+    """The training states of the step ``folder``; ``files``: every file of it checked
+    too (one lstat each, nothing parsed), as :func:`open_step` says."""
+    return open_step(folder, "", files=files).training_states

@@ -185,9 +185,12 @@ def _check_checkpoint_files(config) -> None:
 def _missing(path: str, excluded, key: str, value, resume: bool = False) -> list[str] | None:
     """``cf.missing_states`` of a step, which is opened (and verified) first: a damaged
     step is None when resuming (the trainer sets it aside and loads an older one), one
-    line naming the damage for a checkpoint the user named; a crafted one is refused."""
+    line naming the damage for a checkpoint the user named; a crafted one is refused.
+    The first rank (or a process outside a launch) also checks that every file of the
+    step is there, of its size (one lstat each): a file lost from a named checkpoint is
+    refused at launch, and the other ranks make no call per file of the world's."""
     try:
-        return cf.missing_states(path, excluded)
+        return cf.missing_states(path, excluded, files=os.environ.get("RANK", "0") == "0")
     except ChecksumMismatch as e:
         if resume:
             return None
