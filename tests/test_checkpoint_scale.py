@@ -246,7 +246,10 @@ def test_a_rank_parses_its_share_not_the_world(tmp_path):
         # for the digits of larger offsets and file numbers)
         assert small["calls"] == large["calls"] and small["items"] == large["items"] == 6
         assert 0 < small["sections"] <= large["sections"] < 1.05 * small["sections"]
-        assert sum(small["calls"].values()) <= 16, small
+        # a handful, whatever the world: realpath's lstats walk the folder's path (one
+        # per component: pytest's tmp_path is deeper under xdist), then a few per file
+        calls = dict(small["calls"])
+        assert calls.pop("lstat") <= len(folder.parts) + 5 and sum(calls.values()) <= 5, small
         # the rest: the header and root (the first read is 4 KiB), a line per file
         assert root64 - max(root8, 4096) < 150 * 64, (root8, root64)
 

@@ -6,7 +6,6 @@ import logging
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -119,10 +118,7 @@ def test_second_call_does_no_work(corpus_dir, monkeypatch, caplog):
     ):
         monkeypatch.setattr(module, name, boom)
     caplog.set_level(logging.INFO, logger=build.logger.name)
-    t0 = time.perf_counter()
-    m = build.build_corpus(corpus_dir)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 2.0
+    m = build.build_corpus(corpus_dir)  # (any build work raises: the patches above)
     assert m["_built_now"] is False
     assert m["content_hashes"] == _manifest(corpus_dir)["content_hashes"]
     assert "corpus up to date" in caplog.text
