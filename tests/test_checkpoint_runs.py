@@ -33,13 +33,16 @@ from boost_titan.checkpoint.integrity import resume
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 # a process that holds the lock like a run's rank 0, forks a child that outlives it
-# (a data loader worker), says so, and waits to be killed
+# (a data loader worker), says so, and waits to be killed; the child says it runs (its
+# fork handler has closed its copy of the lock by then: before it has, a SIGKILL of the
+# holder leaves the lock held, which a loaded machine showed)
 _HOLDER = """
 import os, sys, time
 from boost_titan.checkpoint import lock
 lock.acquire(sys.argv[1])
 child = os.fork()
 if child == 0:
+    print("child runs", flush=True)
     time.sleep(120)
     os._exit(0)
 print(child, flush=True)
@@ -56,8 +59,9 @@ def _hold(folder: Path) -> tuple[subprocess.Popen, int]:
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
-    child = int(proc.stdout.readline())
-    return proc, child
+    lines = sorted(proc.stdout.readline().strip() for _ in range(2))  # (either first)
+    assert lines[1] == "child runs", lines
+    return proc, int(lines[0])
 
 
 def _kill(proc: subprocess.Popen, child: int | None = None) -> None:

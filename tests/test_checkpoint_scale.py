@@ -317,6 +317,11 @@ def test_the_launch_check_parses_no_item(tmp_path, monkeypatch):
     from boost_titan.train.config_check.checkpoint import _missing
 
     calls = {}
+    real_unpickle = step._unpickle
+
+    def no_unpickle(*args):
+        raise AssertionError("the launch check unpickled .metadata")
+
     for ranks in (8, 64):
         folder = tmp_path / f"w{ranks}" / "step-3"
         folder.mkdir(parents=True)
@@ -324,11 +329,16 @@ def test_the_launch_check_parses_no_item(tmp_path, monkeypatch):
         for rank in ("5", "0"):
             monkeypatch.setenv("RANK", rank)
             step.release()
+            monkeypatch.setattr(step, "_unpickle", no_unpickle)  # the root's states
             with _Read() as read:
                 missing = _missing(str(folder), (), "initial_load_path", str(folder))
+            monkeypatch.setattr(step, "_unpickle", real_unpickle)
             assert "optimizer" not in missing and read.sections == 0
-            assert integrity.open_step(folder).seal.items == {}  # (the launch check's parse)
             calls[ranks, rank] = dict(read.count)
+        # the states the root records are the ones .metadata holds (the load's open)
+        opened = integrity.open_step(folder)
+        assert set(opened.seal.states) == opened.training_states == {"model", "optimizer"}
+        assert opened.seal.items == {}  # (no section read)
         step.release()
     assert calls[8, "5"] == calls[64, "5"], calls
     # the first rank: one lstat more per file (64 data files against 8)
@@ -343,6 +353,14 @@ def test_the_launch_check_parses_no_item(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "5")  # (another rank: found when its load reaches the file)
     step.release()
     assert "optimizer" not in _missing(str(folder), (), "initial_load_path", str(folder))
+    step.release()
+    # a manifest that records no states (saved before they were): .metadata unpickled
+    folder = tmp_path / "w8" / "step-3"
+    seal = manifest.decode((folder / manifest.NAME).read_bytes(), str(folder))
+    seal.states = None
+    (folder / manifest.NAME).write_bytes(manifest.encode_v1(seal))
+    assert "optimizer" not in _missing(str(folder), (), "initial_load_path", str(folder))
+    assert integrity.open_step(folder).seal.states is None
     step.release()
 
 

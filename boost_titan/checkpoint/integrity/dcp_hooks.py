@@ -218,6 +218,7 @@ def _finish(self, metadata: Metadata, results) -> None:
         {},
         run_id=run_id.of_steps_in(folder),  # the checkpoint folder's run (its run.json)
     )
+    seal.states = tuple(sorted({k.split(".", 1)[0] for k in metadata.state_dict_metadata}))
     final = os.path.join(folder, mf.METADATA)
     if os.path.lexists(final):  # saved again: incomplete, never half old, half new
         os.remove(final)

@@ -61,6 +61,10 @@ class Seal:
     # manifest or one decoded whole); ``loaded``: the files whose items ``items`` holds;
     # ``read(start, n, bad)``: n bytes of its sections from start (``step_files``)
     sections: dict[str, Section] | None = None
+    # DCP: the top-level keys of what the step holds (``model``, ``optimizer``...), as
+    # ``.metadata`` lists them (None: not recorded, a manifest from before they were):
+    # what the launch check needs, without unpickling ``.metadata``
+    states: tuple[str, ...] | None = None
     loaded: set[str] = field(default_factory=set)
     read: Callable[..., bytes] | None = None
 
@@ -155,8 +159,13 @@ def fields_of(fields, bad, listed: str) -> Seal:
         kind, step, save_id, block = (fields[k] for k in ("kind", "step", "save_id", "block"))
         raw_files, raw_listed = fields["files"], fields[listed]
         run_id = fields.get("run_id")  # (absent: a manifest from before run ids)
+        states = fields.get("states")  # (absent: from before they were recorded)
     except (KeyError, TypeError, AttributeError):
         raise bad("body is not the JSON a save writes") from None
+    if states is not None and not (
+        isinstance(states, list) and all(isinstance(k, str) and _text(k) for k in states)
+    ):
+        raise bad("body is not the JSON a save writes")
     if (
         kind not in ("dcp", "hf")
         or not (step is None or nonneg(step))
@@ -183,7 +192,9 @@ def fields_of(fields, bad, listed: str) -> Seal:
         if entry[1] is not None and digests is None:
             raise bad(f"digests of {name[:120]!r} are malformed")
         files[name] = FileEntry(entry[0], digests)
-    return Seal(kind, step, save_id, files, {}, block, run_id)
+    seal = Seal(kind, step, save_id, files, {}, block, run_id)
+    seal.states = None if states is None else tuple(states)
+    return seal
 
 
 def add_items(seal: Seal, raw_items, bad, file: str | None = None) -> None:

@@ -9,15 +9,17 @@ of JSON (``boost_titan.seal/2``):
    it is parsed);
 2. the root: ``{"kind": "dcp"|"hf", "step": S, "save_id": U, "run_id": R, "block": 1048576,
    "files": {NAME: [BYTES, DIGESTS or null]}, "sections": {FILE: [START, BYTES, DIGEST,
-   COUNT]}, "sections_bytes": T}``: S the N of the ``step-N`` folder it was saved as
-   (null when saved elsewhere), U the save's id (DCP's ``save_id``, also in
+   COUNT]}, "sections_bytes": T, "states": [KEY, ...]}``: S the N of the ``step-N``
+   folder it was saved as (null when saved elsewhere), U the save's id (DCP's ``save_id``, also in
    ``.metadata``), R the id of the run whose checkpoint folder it was saved into
    (``checkpoint.run_id``; null, or absent in manifests written before run ids, when
    there was none), every file of the step with its size (and its digests when no item
    covers it: ``.metadata``, a Hugging Face folder's files), and for each DCP data file
    where its section lies (START bytes after the root's line, BYTES long, its xxh3_64
    DIGEST) and how many items it lists (a file with no item has none); T the bytes of
-   all sections (each ends in a newline), to the end of the file;
+   all sections (each ends in a newline), to the end of the file; KEY the top-level
+   keys of the state dict saved (``model``, ``optimizer``, ...: what the launch check
+   asks of a step without unpickling ``.metadata``; absent in manifests from before);
 3. one section per data file, one line each: ``[[FQN, CHUNK, FILE, OFFSET, LENGTH,
    SEGMENTS, DIGESTS], ...]``, every DCP item of that file with its FQN, its chunk's
    offset in the tensor (null for a pickled item), where it lies, the lengths of the
@@ -105,7 +107,7 @@ def encode(seal: Seal) -> bytes:
 
 
 def _root_fields(seal: Seal) -> dict:
-    return {
+    fields = {
         "kind": seal.kind,
         "step": seal.step,
         "save_id": seal.save_id,
@@ -116,6 +118,9 @@ def _root_fields(seal: Seal) -> dict:
             for name, f in sorted(seal.files.items())
         },
     }
+    if seal.states is not None:
+        fields["states"] = list(seal.states)
+    return fields
 
 
 def _headed(body: bytes, seal: str = SEAL) -> bytes:

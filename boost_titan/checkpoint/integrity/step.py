@@ -182,9 +182,8 @@ def _check_files(folder: str, seal: Seal, tail: str, every: bool = True) -> dict
     return sizes
 
 
-def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
-    """``.metadata``'s bytes against the manifest, then unpickled, then its items
-    against the manifest's."""
+def _metadata_bytes(folder: str, seal: Seal, tail: str) -> bytes:
+    """``.metadata``'s bytes, checked against the manifest's digests (not unpickled)."""
     entry = seal.files.get(METADATA)
     data = read_regular(folder, METADATA, tail)
     if entry is None or entry.digests is None or data is None:
@@ -199,7 +198,13 @@ def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
             "unpickled",
             tail,
         )
-    metadata = _unpickle(folder, data, tail)
+    return data
+
+
+def _check_metadata(folder: str, seal: Seal, tail: str) -> Metadata:
+    """``.metadata``'s bytes against the manifest, then unpickled, then its items
+    against the manifest's."""
+    metadata = _unpickle(folder, _metadata_bytes(folder, seal, tail), tail)
     storage = metadata.storage_data
     if len(storage) != seal.count:
         raise _problem(
@@ -378,6 +383,16 @@ def open_step(
 
 
 def states_held(folder: str | os.PathLike, files: bool = False) -> set[str]:
-    """The training states of the step ``folder``; ``files``: every file of it checked
-    too (one lstat each, nothing parsed), as :func:`open_step` says."""
-    return open_step(folder, "", files=files).training_states
+    """The training states of the step ``folder`` (the launch check); ``files``: every
+    file of it checked too (one lstat each, nothing parsed), as :func:`open_step` says.
+    A step whose manifest records them (``Seal.states``) is answered from its root, with
+    ``.metadata``'s bytes checked and not unpickled (the load unpickles it, as plain DCP
+    does: at 1,024 ranks 11 s and 3.5 GB a rank, held from launch to the load)."""
+    folder = os.fspath(folder)
+    check_folder(folder, "", True)
+    seal = read_manifest(folder, "")
+    if seal is None or seal.kind != "dcp" or seal.states is None:
+        return open_step(folder, "", files=files).training_states
+    _check_files(folder, seal, "", files)
+    _metadata_bytes(folder, seal, "")
+    return set(seal.states)
