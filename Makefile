@@ -29,12 +29,12 @@ data: $(STAMP)
 train: data
 	./run_train.sh $(ARGS)
 
-# two workers, each a whole file at a time (its module fixtures built once), the longest
-# files first (tests/conftest.py; xdist's default reorder would start the files with
-# the most tests): about half the suite is one process on one core (tests/README.md)
+# two workers, each a whole file at a time (its module fixtures built once), in xdist's
+# order (the files with the most tests first): about half the suite is one process on
+# one core (tests/README.md)
 TEST_WORKERS ?= 2
 test: data
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests 		--durations=30 $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests --durations=30 $(ARGS)
 
 eval: data
 	@test -n "$(MODEL)" || { echo 'make eval: set MODEL=<exported Hugging Face folder>'; exit 2; }

@@ -76,28 +76,3 @@ def seed_checkpoint(corpus_dir, tmp_path_factory):
         return made[config]
 
     return get
-
-
-# `make test` runs two xdist workers, each taking the next whole file as it finishes one
-# (`--dist loadfile --no-loadscope-reorder`: in collection order): the longest files
-# first, so that the run does not end with one worker on test_compile's matrix while the
-# other idles (xdist's default order, the most tests first, left the 1- and 2-test files
-# to the end: the last 8% of the tests took ~7 of 21.5 minutes on a clean clone).
-# Stable: the other files, and the tests within every file, keep their order.
-LONGEST_FIRST = (
-    "test_dryrun.py",
-    "test_compile.py",
-    "test_schedules.py",
-    "test_bench.py",
-    "test_layout_resume.py",
-    "test_composition.py",
-    "test_fault_tolerance.py",
-    "test_multinode.py",
-    "test_train_e2e.py",
-    "test_btp_e2e.py",
-)
-
-
-def pytest_collection_modifyitems(session, config, items):
-    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: first.get(item.path.name, len(first)))
