@@ -875,6 +875,113 @@ def test_a_folder_seal_covers_every_file(tmp_path):
     ), line
 
 
+_SPREAD_SIZES = {
+    "config.json": 17,
+    "empty": 0,
+    "model-00001-of-00002.safetensors": 3 * 2**20 + 5,
+    "model-00002-of-00002.safetensors": 2**20,
+    "model.safetensors.index.json": 2**20 + 70_000,
+}
+
+
+def _spread_folder(folder: Path) -> Path:
+    folder.mkdir()
+    for name, size in _SPREAD_SIZES.items():
+        (folder / name).write_bytes(os.urandom(size))
+    return folder
+
+
+def test_a_folder_seal_spread_over_ranks_is_the_whole_folders(tmp_path):
+    """A Hugging Face save and load hash it in shares (``folder_seal.shares``): every
+    block is one rank's, no rank reads more than total / world + a block, the joined
+    digests are xxh3 of each block read straight from the files, and a flipped byte is
+    found by the one rank whose share holds it, in ``verify``'s line."""
+    from boost_titan.checkpoint.integrity import folder_seal
+
+    step = _spread_folder(tmp_path / "step-4")
+    total = sum(_SPREAD_SIZES.values())
+    want, every_block = {}, []
+    for name in sorted(_SPREAD_SIZES):
+        data = (step / name).read_bytes()
+        blocks = segment_blocks([len(data)])
+        want[name] = b"".join(xxhash.xxh3_64_digest(data[s : s + n]) for s, n in blocks)
+        every_block += [(name, b) for b in range(len(blocks))]
+    for world in (1, 2, 3, 7, 64):
+        runs = folder_seal.shares(_SPREAD_SIZES, world)
+        assert len(runs) == world
+        mine = [(name, b) for rank in runs for name, k, j in rank for b in range(k, j)]
+        assert mine == every_block, world  # each block once, ranks in order
+        for rank in runs:
+            read = sum(
+                sum(n for _, n in segment_blocks([_SPREAD_SIZES[name]])[k:j]) for name, k, j in rank
+            )
+            assert read <= total / world + 2**20, (world, read)
+        parts = [folder_seal.digest_share(str(step), _SPREAD_SIZES, r) for r in runs]
+        files = folder_seal.join_shares(_SPREAD_SIZES, parts)
+        assert {n: (e.bytes, e.digests) for n, e in files.items()} == {
+            n: (_SPREAD_SIZES[n], want[n]) for n in want
+        }, world
+    integrity.seal_folder(str(step))
+    assert [integrity.check(step, (r, 3)).nbytes for r in range(3)] == [
+        sum(n for name, k, j in rank for _, n in segment_blocks([_SPREAD_SIZES[name]])[k:j])
+        for rank in folder_seal.shares(_SPREAD_SIZES, 3)
+    ]
+    path = step / "model-00001-of-00002.safetensors"
+    data = bytearray(path.read_bytes())
+    data[2**20 + 7] ^= 1
+    path.write_bytes(bytes(data))
+    (line,) = integrity.verify(step)
+    found = [integrity.check(step, (r, 3)).problems for r in range(3)]
+    assert sorted(found) == [[], [], [line]], found
+
+
+def _hf_seal_worker(rank: int, init_file: str, folder: str, out: str) -> None:
+    """3 gloo ranks seal one folder (each its share), then check it and a copy with a
+    byte flipped in rank 2's share as a load from Hugging Face does."""
+    import torch.distributed as dist
+
+    from boost_titan.checkpoint.manager import BoostCheckpointManager
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=3)
+    integrity.seal_folder(folder)
+    damaged = folder + "_damaged"
+    if rank == 0:
+        shutil.copytree(folder, damaged)
+        path = os.path.join(damaged, "model.safetensors.index.json")
+        with open(path, "r+b") as f:
+            f.seek(2**20 + 69_999)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([last[0] ^ 1]))
+    dist.barrier()
+    BoostCheckpointManager._verify_hf(None, folder)
+    try:
+        BoostCheckpointManager._verify_hf(None, damaged)
+        line = "loaded"
+    except integrity.ChecksumMismatch as e:
+        line = str(e)
+    Path(out, f"rank{rank}.txt").write_text(line)
+    dist.destroy_process_group()
+
+
+def test_a_folder_seal_over_gloo_ranks(tmp_path):
+    """The collective paths: the manifest three ranks write is the one process's, and a
+    byte flipped in the last rank's share stops every rank on ``verify``'s line."""
+    from launcher import spawn
+
+    step = _spread_folder(tmp_path / "step-5")
+    alone = tmp_path / "alone" / "step-5"
+    shutil.copytree(step, alone)
+    spawn(_hf_seal_worker, (str(tmp_path / "pg"), str(step), str(tmp_path)), 3)
+    integrity.seal_folder(str(alone))
+    assert integrity.check(step).ok
+    spread, one = integrity.open_step(step).seal, integrity.open_step(alone).seal
+    assert spread.files == one.files and spread.step == one.step == 5
+    (line,) = integrity.verify(tmp_path / "step-5_damaged")
+    assert "model.safetensors.index.json, the file: xxh3_64 of its bytes " in line
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(3)] == [line] * 3
+
+
 # ---------------------------------------------------------------- end to end (gloo ranks)
 
 CONFIG = "debug_cola_btp_tp2.toml"

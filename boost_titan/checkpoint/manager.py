@@ -167,12 +167,16 @@ class BoostCheckpointManager(CheckpointManager):
         self._loaded = (checkpoint_id, states, from_hf)
 
     def _verify_hf(self, folder: str) -> None:
-        """A sealed Hugging Face folder: rank 0 checks every file before any rank reads."""
-        problems = integrity.verify(folder) if _rank0() else []
-        if dist.is_initialized():
-            box = [problems]
-            dist.broadcast_object_list(box, src=0)
-            problems = box[0]
+        """A sealed Hugging Face folder, checked before any rank reads it: each rank its
+        share of the blocks (``integrity.folder_seal``), then every rank the first
+        problem any found."""
+        if not dist.is_initialized():
+            problems = integrity.verify(folder)
+        else:
+            share = (dist.get_rank(), dist.get_world_size())
+            found = [None] * share[1]
+            dist.all_gather_object(found, integrity.check(folder, share).problems)
+            problems = list(dict.fromkeys(p for lines in found for p in lines))
         if problems:
             raise integrity.ChecksumMismatch(problems[0])
 

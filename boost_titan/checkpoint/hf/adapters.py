@@ -124,12 +124,13 @@ def adapter_for(model_name: str) -> type[FormatStateDictAdapter]:
 
 
 def finish_hf_save(checkpoint_id: str, sd_adapter, dtype: torch.dtype) -> None:
-    """After torchtitan's HF save (rank 0, once every rank has consolidated): remove
-    ``<step>/sharded``, each rank's part that torchtitan's writer consolidated into
-    ``<step>/model-*.safetensors`` and left behind (the model a second time on disk),
-    write config.json where the layout's model class needs nothing else, and seal the
-    folder (``integrity.seal_folder``: every file's digests in ``.manifest.json``);
-    the other ranks wait until it is sealed."""
+    """After torchtitan's HF save (every rank, once every rank has consolidated): rank
+    0 removes ``<step>/sharded``, each rank's part that torchtitan's writer
+    consolidated into ``<step>/model-*.safetensors`` and left behind (the model a
+    second time on disk), and writes config.json where the layout's model class needs
+    nothing else; then every rank seals the folder with it (``integrity.seal_folder``:
+    each rank hashes its share, rank 0 writes ``.manifest.json``), and no rank goes
+    on before the manifest is in place."""
     from boost_titan.checkpoint.integrity import seal_folder
 
     if dist.is_initialized():
@@ -141,7 +142,7 @@ def finish_hf_save(checkpoint_id: str, sd_adapter, dtype: torch.dtype) -> None:
             shutil.rmtree(shards)
         if isinstance(sd_adapter, FormatStateDictAdapter) and sd_adapter.config_beside_save:
             sd_adapter.write_config(checkpoint_id, dtype)
-        seal_folder(checkpoint_id)
+    seal_folder(checkpoint_id)  # (a collective: its broadcast waits for rank 0's listing)
     if dist.is_initialized():
         dist.barrier()
 

@@ -25,6 +25,7 @@ from boost_titan.checkpoint.integrity.blocks import (
     segment_blocks,
 )
 from boost_titan.checkpoint.integrity.dcp_hooks import trailers_line, unverified_line
+from boost_titan.checkpoint.integrity.folder_seal import shares
 from boost_titan.checkpoint.integrity.manifest import METADATA, NAME, key, step_of
 from boost_titan.checkpoint.integrity.step import HF_INDEX, SEALED, TRAILERS, UNVERIFIED, open_step
 from boost_titan.models.recorded import MODEL_ARGS_FILE
@@ -115,25 +116,29 @@ def _verify_items(step, relative: str, items: list, out: Verification, buf: memo
         )
 
 
-def _verify_files(step, out: Verification, buf: memoryview) -> None:
-    """A sealed Hugging Face folder: every file against its digests."""
-    for name, entry in sorted(step.seal.files.items()):
-        item = Item(step.folder, name, "the file", 0, "")
+def _verify_files(step, out: Verification, buf: memoryview, share=None) -> None:
+    """A sealed Hugging Face folder: every file against its digests; ``share`` (rank,
+    world): only that rank's run of blocks (``folder_seal.shares``)."""
+    files = step.seal.files
+    if share is None:
+        runs = [(name, 0, None) for name in sorted(files)]
+    else:
+        rank, world = share
+        runs = shares({name: e.bytes for name, e in files.items()}, world, step.seal.block)[rank]
+    for name, k, j in runs:
+        entry = files[name]
+        blocks = segment_blocks([entry.bytes], step.seal.block)
+        j = len(blocks) if j is None else j
+        start, end = (blocks[k][0], sum(blocks[j - 1])) if j > k else (0, 0)
         out.items += 1
-        out.nbytes += entry.bytes
+        out.nbytes += end - start
+        item = Item(step.folder, name, "the file", 0, "")
         with open(os.path.join(step.folder, name), "rb") as f:
+            reader = VerifyingReader(f, entry.bytes, entry.digests or b"", item, blocks)
+            reader.seek(start)
             try:
-                _read_through(
-                    VerifyingReader(
-                        f,
-                        entry.bytes,
-                        entry.digests or b"",
-                        item,
-                        segment_blocks([entry.bytes], step.seal.block),
-                    ),
-                    buf,
-                    keep=False,
-                )
+                while start < end:  # (a run ends on a block's end: each block checked whole)
+                    start += reader.readinto(buf[: min(len(buf), end - start)])
             except ChecksumMismatch as e:
                 out.problems.append(str(e))
 
@@ -151,7 +156,7 @@ def _unlisted(step) -> list[str]:
     return sorted(set(os.listdir(step.folder)) - set(step.seal.files) - _SIDE_FILES)
 
 
-def _check(folder: Path, out: Verification) -> None:
+def _check(folder: Path, out: Verification, share) -> None:
     if not os.path.lexists(folder):
         out.problems.append(f"{folder} is not a DCP checkpoint: it does not exist")
         return
@@ -161,8 +166,10 @@ def _check(folder: Path, out: Verification) -> None:
     buf = memoryview(bytearray(_CHUNK))
     if step.format == "hf":
         if step.seal is not None:
-            _verify_files(step, out, buf)
+            _verify_files(step, out, buf, share)
         return
+    if share is not None:
+        raise ValueError(f"a share of the checks is for Hugging Face folders; {folder} is DCP")
     if step.trust == UNVERIFIED:
         return
     per_file: dict[str, list] = {}
@@ -172,14 +179,16 @@ def _check(folder: Path, out: Verification) -> None:
         _verify_items(step, relative, items, out, buf)
 
 
-def check(step_dir: str | os.PathLike) -> Verification:
+def check(step_dir: str | os.PathLike, share: tuple[int, int] | None = None) -> Verification:
     """Verify one step folder without loading it and without torch.distributed: the
     step opened as every load opens it (``step.open_step``: folder, manifest, files,
-    ``.metadata``), then every stored byte against its digests, each file read once."""
+    ``.metadata``), then every stored byte against its digests, each file read once.
+    ``share`` (rank, world): a Hugging Face folder's bytes checked only over that
+    rank's run of its blocks (``folder_seal``: the ranks of a load share the work)."""
     folder = Path(step_dir)
     out = Verification(str(folder))
     try:
-        _check(folder, out)
+        _check(folder, out, share)
     except (ChecksumMismatch, safe_metadata.UntrustedCheckpointError) as e:
         out.problems.append(str(e))
     except Exception as e:  # noqa: BLE001  (verify names every problem in one line)
