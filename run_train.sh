@@ -149,7 +149,7 @@ trap 'rm -f "$BOOST_TITAN_STATUS_FILE"' EXIT
 
 PYTORCH_ALLOC_CONF=${PYTORCH_ALLOC_CONF:-expandable_segments:True} \
 HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1} \
-"$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --nproc_per_node="$NGPU" \
+"$PYTHON" -m boost_titan.train.torchrun --nnodes="$NNODES" --nproc_per_node="$NGPU" \
   --rdzv_id "$RDZV_ID" --rdzv_backend c10d --rdzv_endpoint="$RDZV_ENDPOINT" \
   --max-restarts "$MAX_RESTARTS" --shutdown-timeout "$SHUTDOWN_TIMEOUT" \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
@@ -167,7 +167,8 @@ if [[ $rc -ne 0 ]] && grep -q '^preempted' "$BOOST_TITAN_STATUS_FILE"; then
   echo "run_train.sh: $(cat "$BOOST_TITAN_STATUS_FILE"); exiting 0 (rerun the same command to resume)"
   rc=0
 elif [[ $rc -ne 0 ]] && grep -q '^failed: ' "$BOOST_TITAN_STATUS_FILE"; then
-  # a one-line failure (e.g. a checkpoint save on a full disk), repeated below torchrun's report
+  # a failure the ranks explained in one line (a damaged checkpoint, a data position, a full
+  # disk): torchrun's report left out (boost_titan/train/torchrun.py), the line repeated last
   echo "run_train.sh: $(sed -n 's/^failed: //p' "$BOOST_TITAN_STATUS_FILE")" >&2
 fi
 exit "$rc"

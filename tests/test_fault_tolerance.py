@@ -26,7 +26,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import run_training
+from helpers import run_main, run_training
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from boost_titan.train.fault import parse_injections, quarantine_incomplete_checkpoints
@@ -302,11 +302,37 @@ def test_preemption_waits_for_the_async_save_in_flight(tmp_path, monkeypatch):
     assert ckpt.saves == [3, 4] and (tmp_path / "step-4" / ".metadata").is_file()
 
 
+def test_torchrun_prints_no_report_after_a_line_the_ranks_explained(tmp_path):
+    """run_train.sh's torchrun (``boost_titan.train.torchrun``): a rank that stops after
+    local rank 0 wrote its one line to the status file ends the agent with the rank's
+    exit status and without torchrun's report; a failure without such a line keeps the
+    report (its traceback, the failure table) as torchrun prints it."""
+    status = tmp_path / "status"
+    for explained in (True, False):
+        status.write_text("")
+        said = 'echo "failed: a refusal in one line" > "$BOOST_TITAN_STATUS_FILE"; '
+        proc = run_main(
+            "boost_titan.train.torchrun",
+            "--nproc_per_node", "1", "--no-python",
+            "sh", "-c", (said if explained else "") + "exit 3",
+            env={"BOOST_TITAN_STATUS_FILE": str(status)},
+        )  # fmt: skip
+        report = [x for x in proc.stderr.splitlines() if "ChildFailedError" in x]
+        if explained:
+            assert proc.returncode == 3 and not report, proc.stderr
+            assert len(proc.stderr.splitlines()) <= 3, proc.stderr
+        else:
+            assert proc.returncode == 1 and report, proc.stderr
+            assert "exitcode  : 3" in proc.stderr
+
+
 @pytest.mark.parametrize("refusal", ["damaged", "data_resume"])
-def test_a_refused_checkpoint_still_closes_the_trainer(monkeypatch, caplog, refusal):
+def test_a_refused_checkpoint_still_closes_the_trainer(monkeypatch, caplog, refusal, tmp_path):
     """trainer.main: a refusal that is no Exception (a damaged checkpoint, a data
     position refused as SystemExit) runs trainer.close() like any other failure; a
-    damaged checkpoint ends on its one line, exit 1."""
+    damaged checkpoint ends on its one line, exit 1; local rank 0 writes the line to
+    run_train.sh's status file (its torchrun then prints no report: below), over a
+    line an earlier attempt left."""
     from types import SimpleNamespace
 
     from boost_titan.checkpoint.data_position import DataResumeError
@@ -342,9 +368,18 @@ def test_a_refused_checkpoint_still_closes_the_trainer(monkeypatch, caplog, refu
 
     monkeypatch.setattr(trainer_module.cpu_runtime, "exit_after_clean_shutdown", exit_now)
     monkeypatch.setenv("LOCAL_RANK", "0")
+    status = tmp_path / "status"
+    status.write_text("failed: an earlier attempt's line\n")
+    monkeypatch.setenv("BOOST_TITAN_STATUS_FILE", str(status))
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as info:
         trainer_module.main([])
     assert closed == [True]
+    line = (
+        "checkpoint X/step-4 is corrupted: one line"
+        if refusal == "damaged"
+        else "checkpoint X/step-4 was saved with data-parallel degree 2"
+    )
+    assert status.read_text() == f"failed: {line}\n"
     if refusal == "damaged":
         assert info.value.code == 1
         assert [r.getMessage() for r in caplog.records] == [

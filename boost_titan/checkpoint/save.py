@@ -58,7 +58,6 @@ logger = logging.getLogger()  # torchtitan's logger (the root logger)
 INJECTED_BUDGET = 64 * 1024  # bytes an injected full disk takes before ENOSPC
 # what torch's zip writer says when the file's write raised (its error is not kept)
 SERIALIZER_WRITE_FAILURE = re.compile(r"unexpected pos|PytorchStreamWriter failed writing file")
-STATUS_PREFIX = "failed: "  # run_train.sh repeats this line last
 
 REMEDY = {
     "ENOSPC": "free space on that filesystem (or move --job.dump_folder to a larger disk, "
@@ -342,10 +341,6 @@ class SaveGuard:
             f"{fmt_bytes(free)} free now (os.statvfs). {previous[0].upper()}{previous[1:]}. "
             f"To go on: {remedy}."
         )
-        status_file = os.environ.get("BOOST_TITAN_STATUS_FILE")
-        if status_file and rank == 0:
-            with contextlib.suppress(OSError), open(status_file, "w") as f:
-                f.write(STATUS_PREFIX + line + "\n")
         raise CheckpointSaveError(line) from None
 
 

@@ -79,7 +79,36 @@ logger = logging.getLogger()  # torchtitan's logger (the root logger); not impor
 INJECT_ENV = "BOOST_TITAN_INJECT"
 INJECT_KINDS = ("sigkill", "nodekill", "sigterm", "nan_loss", "inf_grad", "enospc")
 STATUS_FILE_ENV = "BOOST_TITAN_STATUS_FILE"  # run_train.sh: preemption -> exit 0
+FAILED = "failed: "  # a status line run_train.sh repeats last (and torchrun.py's report is cut)
 LAUNCHER_PID_ENV = "BOOST_TITAN_LAUNCHER_PID"
+
+
+def report_failure(line: str) -> None:
+    """A failure this run explains in one line, for the launcher of this node
+    (``run_train.sh``'s status file): written by local rank 0, once per node."""
+    path = os.environ.get(STATUS_FILE_ENV)
+    if path and os.environ.get("LOCAL_RANK", "0") == "0":
+        with contextlib.suppress(OSError), open(path, "w") as f:
+            f.write(FAILED + line.replace("\n", " ") + "\n")
+
+
+def clear_failure() -> None:
+    """Forget an earlier attempt's line (a run torchrun restarted: its new failure, if
+    any, is its own); local rank 0, at start."""
+    if explained_failure() is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+        with contextlib.suppress(OSError), open(os.environ[STATUS_FILE_ENV], "w"):
+            pass
+
+
+def explained_failure() -> str | None:
+    """The line :func:`report_failure` wrote on this node, if any."""
+    path = os.environ.get(STATUS_FILE_ENV)
+    try:
+        with open(path or "") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[len(FAILED) :].strip() if text.startswith(FAILED) else None
 
 
 # ---------------------------------------------------------------- fault injection

@@ -25,6 +25,7 @@ from boost_titan.checkpoint import integrity, safe_metadata
 from boost_titan.checkpoint import lock as checkpoint_lock
 from boost_titan.checkpoint import manager as checkpoint_manager
 from boost_titan.checkpoint import save as checkpoint_save
+from boost_titan.checkpoint.data_position import DataResumeError
 from boost_titan.checkpoint.hf import adapters as hf_adapters
 from boost_titan.data.local_text import CorpusError
 from boost_titan.observability import comm_traces, dashboard, log_filters
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
             "boost_titan.train runs under torchrun: launch it with `NGPU=1 ./run_train.sh "
             "--job.config_file X.toml` (or `torchrun --nproc_per_node=N -m boost_titan.train ...`)"
         )
+    fault.clear_failure()  # (a line from an earlier attempt of a restarted run)
     trainer = None
     try:
         trainer = BoostTrainer(config)
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         # a failed save, a checkpoint folder another run holds: the whole story on one
         # line; a SystemExit(1): no traceback
         logger.error(e.line)
+        fault.report_failure(e.line)
         if trainer:
             trainer.close()
         if cpu_runtime.is_active():  # no gloo teardown at interpreter exit (as a finished run)
@@ -301,12 +304,15 @@ def main(argv: list[str] | None = None) -> None:
         # a damaged or refused checkpoint, data that cannot be read as asked (every rank
         # raises it: boost_titan.data.loader.agree): its one line, exit 1, no traceback
         logger.error(str(e))
+        fault.report_failure(str(e))
         if trainer:
             trainer.close()
         if cpu_runtime.is_active():
             cpu_runtime.exit_after_clean_shutdown(1)
         raise SystemExit(1) from None
-    except BaseException:  # a refusal raised as SystemExit (data_position) closes too
+    except BaseException as e:  # a refusal raised as SystemExit (data_position) closes too
+        if isinstance(e, DataResumeError):
+            fault.report_failure(str(e))
         if trainer:
             trainer.close()
         raise
