@@ -9,5 +9,7 @@
     launch_check  the config checked once before torchrun (run_train.sh; ``boost-titan
                   check-config``)
     fault         preemption, non-finite steps, cut-off checkpoints, fault injection
+    torchrun      run_train.sh's torchrun: its failure report left out after a refusal
+                  the ranks explained in one line
 
 ``torchrun -m boost_titan.train`` runs ``__main__`` (what ``run_train.sh`` launches)."""
