@@ -65,7 +65,13 @@ HEADER, TAIL = 1088, 1473  # torch.save's archive around a tensor's data (small 
 class Calls:
     """Counts file system calls by wrapping them (restored on exit)."""
 
-    NAMES = (("os", "stat"), ("os", "lstat"), ("os", "open"), ("os.path", "realpath"))
+    NAMES = (
+        ("os", "stat"),
+        ("os", "lstat"),
+        ("os", "open"),
+        ("os", "scandir"),
+        ("os.path", "realpath"),
+    )
 
     def __enter__(self) -> Counter:
         self.count: Counter = Counter()

@@ -52,7 +52,7 @@ def states_held(path: str, files: bool = False) -> set[str]:
     ``.metadata``'s bytes verified before ``.metadata`` is unpickled, allowlisted): a
     damaged step raises its one-line ``ChecksumMismatch``, a crafted one is refused; a
     Hugging Face step folder holds the model only. ``files``: every file of the step
-    present, of its recorded size (one lstat each)."""
+    present (one listing of the folder)."""
     from boost_titan.checkpoint.integrity.step import states_held as held
 
     if not os.path.isfile(os.path.join(path, ".metadata")):

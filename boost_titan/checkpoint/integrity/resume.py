@@ -137,9 +137,10 @@ def _choose(
     for n in steps:
         path = os.path.join(folder, f"step-{n}")
         try:
-            # a link here would be saved through; every file present, of its size (rank 0
-            # alone, one lstat a file, nothing parsed: a step missing a rank's file is passed
-            # over here, not after every rank has begun to load it)
+            # a link here would be saved through; every file present (rank 0 alone, one
+            # listing of the folder, nothing parsed: a step missing a rank's file is passed
+            # over here, not after every rank has begun to load it; a file of the wrong
+            # size is found by the rank that reads it, and the step set aside the same way)
             opened = open_step(path, allow_link=False, files=True)
             remark = _whose(path, opened.seal, folder, owner, allow)
             return ("ok", True, n, notes, steps[0], remark)

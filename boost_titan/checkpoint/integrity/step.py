@@ -61,6 +61,7 @@ from boost_titan.checkpoint.integrity.step_files import (  # noqa: F401  (read_r
     _problem,
     check_folder,
     member_size,
+    present,
     read_manifest,
     read_regular,
 )
@@ -150,10 +151,15 @@ def _unpickle(folder: str, data: bytes, tail: str) -> Metadata:
     return metadata
 
 
-def _check_files(folder: str, seal: Seal, tail: str, every: bool = True) -> dict[str, int]:
-    """The manifest's step is the folder's; with ``every``, every file it lists is a
-    regular file inside the folder, of the size it records (else each data file is
-    checked when a load reads it: ``Step.reading``)."""
+SIZES, PRESENT = "sizes", "present"  # how many of a step's files _check_files checks
+
+
+def _check_files(folder: str, seal: Seal, tail: str, every: str | None = SIZES) -> dict[str, int]:
+    """The manifest's step is the folder's; ``every`` = ``SIZES``: every file it lists
+    is a regular file inside the folder, of the size it records (one lstat each);
+    ``PRESENT``: every file it lists is there, a regular file (one listing of the
+    folder, not a call per file: a start-up's check, whatever the world); None: each
+    data file is checked when a load reads it (``Step.reading``), sizes then too."""
     named = _step_of_name(os.path.basename(os.path.normpath(folder)))
     # a manifest with no step (a save outside a step-N folder) names no step-N either:
     # a null step must not let a step pass under any name
@@ -169,8 +175,11 @@ def _check_files(folder: str, seal: Seal, tail: str, every: bool = True) -> dict
             f"{named} (a step copied or linked under another step's name)",
             tail,
         )
+    if every == PRESENT:
+        present(folder, seal.files, tail)
+        return {}
     sizes = {}
-    for name, entry in seal.files.items() if every else ():
+    for name, entry in seal.files.items() if every == SIZES else ():
         size = member_size(folder, name, tail)
         if size != entry.bytes:
             raise _problem(
@@ -364,7 +373,8 @@ def open_step(
     (``verify``): a seal/2 step's every section read and matched to ``.metadata``, and
     every file checked, as a seal/1 step always is; else a load checks each data file,
     and reads its section, when it reads it (``Step.reading``). ``files`` (rank 0's
-    choice of the step a resume loads): every file checked, no section read."""
+    choice of the step a resume loads, the launch check): every file present, from one
+    listing of the folder (sizes: as each is read), no section read."""
     folder = os.fspath(folder)
     check_folder(folder, tail, allow_link)
     trust, seal, metadata, fmt = _parse(folder, tail)
@@ -376,7 +386,8 @@ def open_step(
         # every file checked once (``whole``, seal/1, Hugging Face), or each as it is read;
         # a sealed step's items lie where the manifest says (``_check_metadata``, or
         # ``Step.entry`` as each is read), within the sizes it records, the files' sizes
-        sizes = _check_files(folder, seal, tail, whole or files or not lazy)
+        every = SIZES if whole or not lazy else PRESENT if files else None
+        sizes = _check_files(folder, seal, tail, every)
     else:
         sizes = {} if metadata is None else _check_items_within(folder, metadata, tail, {})
     return Step(folder, fmt, trust, metadata, seal, sizes, tail)
@@ -384,7 +395,7 @@ def open_step(
 
 def states_held(folder: str | os.PathLike, files: bool = False) -> set[str]:
     """The training states of the step ``folder`` (the launch check); ``files``: every
-    file of it checked too (one lstat each, nothing parsed), as :func:`open_step` says.
+    file of it there (one listing of the folder, nothing parsed), as :func:`open_step` says.
     A step whose manifest records them (``Seal.states``) is answered from its root, with
     ``.metadata``'s bytes checked and not unpickled (the load unpickles it, as plain DCP
     does: at 1,024 ranks 11 s and 3.5 GB a rank, held from launch to the load)."""
@@ -393,6 +404,6 @@ def states_held(folder: str | os.PathLike, files: bool = False) -> set[str]:
     seal = read_manifest(folder, "")
     if seal is None or seal.kind != "dcp" or seal.states is None:
         return open_step(folder, "", files=files).training_states
-    _check_files(folder, seal, "", files)
+    _check_files(folder, seal, "", PRESENT if files else None)
     _metadata_bytes(folder, seal, "")
     return set(seal.states)

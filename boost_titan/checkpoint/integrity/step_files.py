@@ -132,6 +132,23 @@ def _stat(call, path: str, folder: str, relative: str, tail: str):
         ) from None
 
 
+def present(folder: str, names, tail: str = NOT_LOADED) -> None:
+    """Every file of ``names`` is in ``folder`` as a regular file, from one listing of
+    the folder (a directory entry's type needs no call per file): what a start-up asks
+    of a step at any world size. A name the listing does not show as a plain regular
+    file (missing, a link, a name through subfolders, another kind) is then checked as
+    :func:`member_size` checks it, whose line names what is wrong. Sizes are not
+    checked here: a load checks each file's when it reads it (``Step.reading``)."""
+    try:
+        with os.scandir(folder) as entries:
+            regular = {e.name for e in entries if e.is_file(follow_symlinks=False)}
+    except OSError as e:
+        raise _problem(folder, f"cannot be listed ({e.strerror or e})", tail) from None
+    for name in names:
+        if not (isinstance(name, str) and name in regular):
+            member_size(folder, name, tail)
+
+
 def member_size(folder: str, relative, tail: str = NOT_LOADED) -> int:
     """The size of the file a step's metadata names, refused unless it is a relative
     path to a regular file inside the folder."""

@@ -187,8 +187,8 @@ def _missing(path: str, excluded, key: str, value, resume: bool = False) -> list
     step is None when resuming (the trainer sets it aside and loads an older one), one
     line naming the damage for a checkpoint the user named; a crafted one is refused.
     The first rank (or a process outside a launch) also checks that every file of the
-    step is there, of its size (one lstat each): a file lost from a named checkpoint is
-    refused at launch, and the other ranks make no call per file of the world's."""
+    step is there (one listing of the folder, no call per file): a file lost from a
+    named checkpoint is refused at launch; the other ranks leave it to their loads."""
     try:
         return cf.missing_states(path, excluded, files=os.environ.get("RANK", "0") == "0")
     except ChecksumMismatch as e:
