@@ -344,6 +344,18 @@ def test_the_launch_check_parses_no_item(tmp_path, monkeypatch):
     # the first rank: the same calls for 64 data files as for 8, one listing more
     assert calls[8, "0"] == calls[64, "0"], calls
     assert calls[8, "0"]["scandir"] == 1 and calls[8, "5"].get("scandir", 0) == 0, calls
+    meta = folder / ".metadata"  # a flipped byte: the first rank refuses it at launch
+    clean = meta.read_bytes()
+    meta.write_bytes(clean[:-1] + bytes([clean[-1] ^ 1]))
+    step.release()
+    with pytest.raises(ValueError) as info:
+        _missing(str(folder), (), "initial_load_path", str(folder))
+    assert ".metadata: xxh3_64 " in str(info.value) and "\n" not in str(info.value)
+    monkeypatch.setenv("RANK", "5")  # (the others' loads check it before unpickling)
+    step.release()
+    assert "optimizer" not in _missing(str(folder), (), "initial_load_path", str(folder))
+    meta.write_bytes(clean)
+    monkeypatch.setenv("RANK", "0")
     (folder / "__63_0.distcp").unlink()
     step.release()
     with pytest.raises(ValueError) as info:
