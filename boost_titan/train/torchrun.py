@@ -12,7 +12,6 @@ as it always does."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -33,5 +32,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main()
