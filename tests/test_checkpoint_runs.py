@@ -108,6 +108,50 @@ def test_a_second_holder_is_refused_until_the_first_dies(tmp_path):
             pass
 
 
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda lock, user: lock.mkdir(), "cannot be made or opened (Is a directory)"),
+        (lambda lock, user: os.symlink(user, lock), "is a symbolic link"),
+        (lambda lock, user: os.symlink(user.parent / "absent", lock), "is a symbolic link"),
+        (lambda lock, user: os.mkfifo(lock), "is a FIFO"),
+        (lambda lock, user: os.link(user, lock), "is a file with 2 names (hard links)"),
+    ],
+    ids=["directory", "symlink", "dangling-symlink", "fifo", "hard-link"],
+)
+def test_a_lock_file_that_cannot_be_taken_refuses_the_run(tmp_path, make, what):
+    """Issue 56, items 5 and 6: a lock file that is a directory let the run go on with a
+    warning (two runs then set each other's steps aside), and one that is a symbolic
+    link (or a hard link) to a user's file overwrote that file with the lock record.
+    Now the run stops on one line naming the lock file and what is wrong with it, before
+    the folder is made, and the user's file is untouched (a FIFO does not hang)."""
+    from boost_titan.checkpoint.manager import BoostCheckpointManager
+
+    folder = tmp_path / "dump" / "checkpoint"
+    folder.parent.mkdir()
+    user = tmp_path / "notes.txt"
+    user.write_bytes(b"the user's own words\n")
+    lock = Path(f"{folder}.lock")
+    make(lock, user)
+    line = (
+        f"checkpoint lock file {lock} {what}: a run holds its checkpoint folder only through "
+        "that file, and does not start without it. Make it a plain file this user may write "
+        "(or remove it), or give this run another --job.dump_folder"
+    )
+    with pytest.raises(folder_lock.FolderRefused) as info:
+        folder_lock.acquire(str(folder))
+    assert str(info.value) == line and info.value.code == 1
+    # through the run's manager (rank 0's _hold_folder): refused, not a warning
+    manager = BoostCheckpointManager.__new__(BoostCheckpointManager)
+    manager.folder = str(folder)
+    with pytest.raises(folder_lock.FolderRefused) as info:
+        manager._hold_folder()
+    assert str(info.value) == line
+    assert manager._lock is None
+    assert not folder.exists() and not (tmp_path / "absent").exists()
+    assert user.read_bytes() == b"the user's own words\n"
+
+
 def _save(path: Path, step: int) -> Path:
     state = {"w": torch.full((4, 4), float(step)), "train_state": {"step": step}}
     dcp.save(state, storage_writer=FileSystemWriter(path), no_dist=True)

@@ -38,6 +38,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 
@@ -45,8 +46,8 @@ SUFFIX = ".lock"
 
 
 class FolderRefused(SystemExit):
-    """This run may not use the checkpoint folder (another run holds it, or its run
-    record is unreadable): one line, exit 1, no traceback."""
+    """This run may not use the checkpoint folder (another run holds it, its lock file
+    cannot be taken, or its run record is unreadable): one line, exit 1, no traceback."""
 
     def __init__(self, line: str):
         super().__init__(1)
@@ -103,14 +104,45 @@ def _holder(fd: int) -> str:
         return "its host and pid not yet written (it is starting)"
 
 
+def _refused(path: str, what: str) -> FolderRefused:
+    return FolderRefused(
+        f"checkpoint lock file {path} {what}: a run holds its checkpoint folder only through "
+        "that file, and does not start without it. Make it a plain file this user may write "
+        "(or remove it), or give this run another --job.dump_folder"
+    )
+
+
+def _open(path: str) -> int:
+    """The lock file's descriptor, refused (one line) unless it is a regular file of its
+    own: never through a symbolic link (the record would overwrite its target), never a
+    FIFO or device (``O_NONBLOCK``: opening one does not wait for a writer), never a
+    file with other names (a hard link to a user's file)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise _refused(path, "is a symbolic link") from None
+        raise _refused(path, f"cannot be made or opened ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        if stat.S_ISREG(st.st_mode):
+            what = f"a file with {st.st_nlink} names (hard links)"
+        raise _refused(path, f"is {what}")
+    return fd
+
+
 def acquire(folder: str) -> FolderLock:
     """Hold ``folder``'s lock for the life of this process (or until ``release``); raise
-    :class:`FolderRefused` naming the holder if another process holds it. Where the
-    file system has no locks (some network mounts), a lock that is not held (fd None):
-    the caller warns."""
+    :class:`FolderRefused` naming the holder if another process holds it, and naming the
+    lock file and what is wrong with it if it cannot be taken (fail closed: a run that
+    cannot lock its folder does not start). Where the file system has no locks (some
+    network mounts), a lock that is not held (fd None): the caller warns."""
     path = lock_path(folder)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -119,7 +151,7 @@ def acquire(folder: str) -> FolderLock:
         if holder is None:
             if e.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
                 return FolderLock(folder, path, None)
-            raise
+            raise _refused(path, f"cannot be locked ({e.strerror})") from None
         raise FolderRefused(
             f"checkpoint folder {folder} is in use by another run ({holder}; lock file "
             f"{path}): two runs on one folder set aside, load and delete each other's "
@@ -127,8 +159,12 @@ def acquire(folder: str) -> FolderLock:
         ) from None
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started})
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, record.encode() + b"\n", 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode() + b"\n", 0)
+    except OSError as e:
+        os.close(fd)
+        raise _refused(path, f"cannot be written ({e.strerror})") from None
     lock = FolderLock(folder, path, fd)
     _held[fd] = lock
     return lock

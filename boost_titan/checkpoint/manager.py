@@ -103,24 +103,16 @@ class BoostCheckpointManager(CheckpointManager):
 
     def _hold_folder(self) -> None:
         """Rank 0 locks the checkpoint folder and reads its run id; a refusal (another
-        run holds it, its run.json is unreadable) stops every rank on rank 0's line,
-        before anything in the folder is touched."""
+        run holds it, its lock file cannot be taken, its run.json is unreadable) stops
+        every rank on rank 0's line, before anything in the folder is touched."""
         refusal = None
         if _rank0():
-            # (nothing raised past here: the other ranks wait for rank 0's outcome)
+            # (nothing raised past here: the other ranks wait for rank 0's outcome; acquire
+            # raises only FolderRefused: a lock it cannot take refuses the run)
             try:
                 self._lock = folder_lock.acquire(self.folder)
             except folder_lock.FolderRefused as e:
                 refusal = e.line
-            except OSError as e:  # a read-only dump folder, say: a load_only run goes on
-                self._lock = folder_lock.FolderLock(
-                    self.folder, folder_lock.lock_path(self.folder), None
-                )
-                logger.warning(
-                    f"checkpoint folder {self.folder}: its lock file {self._lock.path} cannot "
-                    f"be made or locked ({e.strerror}): a second run on this folder would not "
-                    "be refused"
-                )
             else:
                 if self._lock.fd is None:
                     logger.warning(
