@@ -102,12 +102,123 @@ def test_a_pickle_that_sets_attributes_of_an_allowed_global_is_refused_and_undon
     with pytest.raises(safe_metadata.UntrustedCheckpointError) as info:
         safe_metadata.loads(_sets_attributes_of(module, name, slots), "EVIL/step-5")
     (attr,) = slots
+    # a special attribute is refused by the checked unpickler before it is set; another
+    # is set by the C unpickler, then put back
+    when = "refused before it was set" if attr.startswith("__") else "put back"
     assert str(info.value) == (
         f"checkpoint EVIL/step-5 was not loaded: its .metadata sets {module}.{name}.{attr} "
-        "while it is unpickled (put back); it is not a DCP checkpoint boost_titan wrote or "
+        f"while it is unpickled ({when}); it is not a DCP checkpoint boost_titan wrote or "
         "trusts"
     )
     assert {k: getattr(obj, k, None) for k in slots} == before
+
+
+_META = "torch.distributed.checkpoint.metadata"
+
+
+def _glob(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _text(s: str) -> bytes:
+    return b"X" + len(s.encode()).to_bytes(4, "little") + s.encode()  # BINUNICODE
+
+
+_MEMBER = _glob(_META, "_MEM_FORMAT_ENCODING") + b"K\x01\x85R"  # the enum member of value 1
+_FRESH = _glob(_META, "BytesStorageMetadata") + b")\x81"  # a new one: cls.__new__(cls)
+_TO_METADATA = _glob(_META, "Metadata")
+
+
+def _build(target: bytes, key: bytes, value: bytes, slots: bool = True) -> bytes:
+    """PROTO 2, ``target`` pushed, then BUILD of ``{key: value}``, as slot state
+    (``setattr``) or as dict state (into its __dict__)."""
+    state = b"}" + key + value + b"s"
+    return b"\x80\x02" + target + (b"N" + state + b"\x86" if slots else state) + b"b."
+
+
+_CASES = {
+    # issue 56 item 7: the member became a Metadata for the rest of the process
+    "member-class-slots": (_MEMBER, _text("__class__"), True, "{member}.__class__"),
+    "member-class-dict": (_MEMBER, _text("__class__"), False, "{member}.__class__"),
+    "member-dict": (_MEMBER, _text("__dict__"), True, "{member}.__dict__"),
+    # protocol 0's UNICODE with \u escapes: no "__class__" in the bytes
+    "member-class-escaped": (
+        _MEMBER,
+        b"V\\u005f\\u005fclass\\u005f\\u005f\n",
+        True,
+        "{member}.__class__",
+    ),
+    # no special name in the bytes: the C unpickler sets it, the guard puts it back
+    "member-sunder": (_MEMBER, _text("_value_"), True, "{member}._value_ (put back)"),
+    "class-bases": (
+        _glob(_META, "StorageMeta"),
+        _text("__bases__"),
+        True,
+        "{meta}.StorageMeta.__bases__",
+    ),
+    "fresh-class": (
+        _FRESH,
+        _text("__class__"),
+        True,
+        "a {meta}.BytesStorageMetadata it builds.__class__",
+    ),
+    "fresh-dunder-dict-state": (
+        _FRESH,
+        _text("__reduce_ex__"),
+        False,
+        "a {meta}.BytesStorageMetadata it builds.__reduce_ex__",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_a_build_of_a_special_attribute_is_refused(case):
+    """Issue 56, item 7: a BUILD that set ``__class__`` on an allowed enum member was not
+    refused (the guard compared only vars() and defaults) and left the member a
+    ``Metadata`` for the rest of the process, so a later save wrote a ``.metadata`` that
+    no longer loaded. Now a BUILD of any special attribute, on any object, and any BUILD
+    on an allowed global or enum member, is refused in one line before it sets anything,
+    and the member is unchanged."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING as Encoding
+
+    from boost_titan.checkpoint import safe_metadata
+
+    target, key, slots, what = _CASES[case]
+    member = Encoding(1)
+    before = (type(member), dict(vars(member)), member.value, member.name)
+    data = _build(target, key, _TO_METADATA, slots)
+    with pytest.raises(safe_metadata.UntrustedCheckpointError) as info:
+        safe_metadata.loads(data, "EVIL/step-7")
+    what = what.format(member=f"{_META}._MEM_FORMAT_ENCODING.{member.name}", meta=_META)
+    what, _, when = what.partition(" (")
+    assert str(info.value) == (
+        f"checkpoint EVIL/step-7 was not loaded: its .metadata sets {what} while it is "
+        f"unpickled ({when.rstrip(')') or 'refused before it was set'}); it is not a DCP "
+        "checkpoint boost_titan wrote or trusts"
+    )
+    assert (type(member), dict(vars(member)), member.value, member.name) == before
+    assert Encoding(1) is member and all(type(m) is Encoding for m in Encoding)
+
+
+def test_the_guard_puts_back_a_changed_class_of_an_allowed_object(monkeypatch):
+    """The second line of defence, where the C unpickler reads the pickle (it does where
+    the bytes hold no special name): the complete identity of every allowed global and
+    enum member, its type included, is compared after the load, put back and refused."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING as Encoding
+
+    from boost_titan.checkpoint import safe_metadata
+
+    monkeypatch.setattr(safe_metadata, "_MAYBE_DUNDER", ())  # as if the scan missed it
+    member = Encoding(1)
+    data = _build(_MEMBER, _text("__class__"), _TO_METADATA)
+    with pytest.raises(safe_metadata.UntrustedCheckpointError) as info:
+        safe_metadata.loads(data, "EVIL/step-7")
+    assert str(info.value) == (
+        f"checkpoint EVIL/step-7 was not loaded: its .metadata sets {_META}._MEM_FORMAT_"
+        f"ENCODING.{member.name}.__class__ while it is unpickled (put back); it is not a DCP "
+        "checkpoint boost_titan wrote or trusts"
+    )
+    assert type(member) is Encoding and Encoding(1) is member
 
 
 def test_reader_is_installed_and_reads_dcp_metadata(tmp_path):
