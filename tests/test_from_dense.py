@@ -323,6 +323,146 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(hf_llama, tmp_path, capsy
     _refused([*cfg, "--from", str(hf_llama), "--to", str(existing)], capsys, tmp_path, "exists")
 
 
+_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 8192,
+    "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 512, "rope_theta": 10000.0, "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}  # fmt: skip
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+
+
+def _with(**changes) -> str:
+    return json.dumps({**_LLAMA_CONFIG, **changes})
+
+
+_INT = "is not a JSON integer in"
+_POS = "is not a finite number > 0"
+# case -> (config.json's text, the refusal after "config.json": the layout's, or (after
+# "|") the file's as it is read, naming its path)
+_BAD_CONFIGS = {
+    "hidden_size-float": (_with(hidden_size=64.0), f": hidden_size = 64.0 {_INT} [1, 131,072]"),
+    "hidden_size-string": (_with(hidden_size="64"), f': hidden_size = "64" {_INT} [1, 131,072]'),
+    "layers-bool": (_with(num_hidden_layers=True), f": num_hidden_layers = true {_INT} [1, 1,024]"),
+    "layers-10^12": (_with(num_hidden_layers=10**12),
+                     f": num_hidden_layers = 1000000000000 {_INT} [1, 1,024]"),
+    "vocab-2^40": (_with(vocab_size=2**40), f": vocab_size = 1099511627776 {_INT} [1, 16,777,216]"),
+    "positions--1": (_with(max_position_embeddings=-1),
+                     f": max_position_embeddings = -1 {_INT} [0, 16,777,216]"),
+    "eps-string": (_with(rms_norm_eps="1e-6"), f': rms_norm_eps = "1e-6" {_POS}'),
+    "eps--1": (_with(rms_norm_eps=-1), f": rms_norm_eps = -1 {_POS}"),
+    "theta--5": (_with(rope_theta=-5), f": rope_theta = -5 {_POS}"),
+    "theta-abc": (_with(rope_theta="abc"), f': rope_theta = "abc" {_POS}'),
+    "theta-in-parameters": (_with(rope_parameters={"rope_type": "default", "rope_theta": 0}),
+                            f": rope_parameters.rope_theta = 0 {_POS}"),
+    "rope_parameters-list": (_with(rope_parameters=[1]),
+                             ": rope_parameters = [1] is not a JSON object"),
+    "llama3-low-is-high": (
+        _with(rope_scaling={**_LLAMA3, "low_freq_factor": 4.0}),
+        ": rope_scaling.low_freq_factor = 4.0 is not below rope_scaling.high_freq_factor = 4.0 "
+        "(llama3 RoPE scaling blends the frequencies between them, dividing by their difference)",
+    ),
+    "llama3-factor-0": (_with(rope_scaling={**_LLAMA3, "factor": 0}),
+                        f": rope_scaling.factor = 0 {_POS}"),
+    # Python's json reads these; they are not JSON
+    "llama3-factor-NaN": (_with(rope_scaling={**_LLAMA3, "factor": 8.5}).replace("8.5", "NaN"),
+                          "|: factor = NaN is not JSON (JSON numbers are finite)"),
+    "theta-Infinity": (_with(rope_theta=1.5).replace("1.5", "Infinity"),
+                       "|: rope_theta = Infinity is not JSON (JSON numbers are finite)"),
+    "top-level-array": ("[1, 2]", "| holds an array, not a JSON object"),
+    "nested-100000": ("[" * 100_000 + "]" * 100_000,
+                      "| is not JSON we read: its arrays or objects nest deeper than Python's "
+                      "JSON reader goes"),
+    "not-json": ("{", "| is not JSON: Expecting property name enclosed in double quotes "
+                 "(line 1, column 2)"),
+}  # fmt: skip
+
+
+def test_a_config_json_no_model_runs_with_is_refused_when_read(tmp_path, capsys):
+    """Issue 56, items 8a and 10: from-dense's config.json was read unchecked: a float
+    or string hidden_size, a top-level array, a rope_parameters list, 100,000 nested
+    brackets were tracebacks, 10^12 layers was killed for memory, and an eps of "1e-6"
+    or -1, a theta of -5, a llama3 factor NaN or equal frequency factors were written
+    into the step and refused at launch or never. Each is now one line naming the file,
+    the key, the value and what is valid, before anything is written (the shared
+    check of boost_titan.models.fields, which a step's model_args.json gets too)."""
+    from boost_titan.checkpoint.from_dense.source import HFSource
+
+    cfg = ["--job.config_file", str(CONFIGS / "debug_svd.toml"), "--no-progress"]
+    out = tmp_path / "out" / "step-0"
+    for i, (case, (text, says)) in enumerate(_BAD_CONFIGS.items()):
+        folder = tmp_path / case
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+        if says.startswith("|"):  # the file refused as it is read
+            line = f"{folder / 'config.json'}{says[1:]}"
+        else:  # its values refused by the layout that reads them
+            line = f"folder {str(folder)!r} is not a Hugging Face LLaMA folder: config.json{says}"
+        with pytest.raises(ValueError) as info:
+            HFSource(folder)  # what from-dense reads --from with
+        assert str(info.value) == line, case
+        if i % 6 == 0:  # and as the command prints it (0.2 s of CPU each: a few)
+            assert cli.main([*cfg, "--from", str(folder), "--to", str(out)]) == 1, case
+            err = capsys.readouterr().err
+            assert err == f"boost-titan checkpoint from-dense: error: {line}\n", case
+    assert not (tmp_path / "out").exists()
+
+
+def _record(**changes) -> str:
+    from boost_titan.models.args import LlamaArgs
+    from boost_titan.models.recorded import args_record
+
+    args = LlamaArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, ffn_dim=128, arch="svd",
+                     rank=16)  # fmt: skip
+    record = args_record(args)
+    record["model_args"].update(changes)
+    return json.dumps(record)
+
+
+# case -> (model_args.json's text, the refusal after its name)
+_BAD_RECORDS = {
+    "nested": ('{"format_version": 1, "model_args": ' + "[" * 100_000 + "]" * 100_000 + "}",
+               " is not JSON we read: its arrays or objects nest deeper than Python's JSON "
+               "reader goes"),
+    "eps--1": (_record(norm_eps=-1), f": norm_eps = -1 {_POS}"),
+    "theta-Infinity": (_record(rope_theta=1.5).replace("1.5", "Infinity"),
+                       ": rope_theta = Infinity is not JSON (JSON numbers are finite)"),
+    "vocab-2^40": (_record(vocab_size=2**40),
+                   f": vocab_size = 1099511627776 {_INT} [1, 16,777,216]"),
+    "layers-10^9": (_record(n_layers=10**9), f": n_layers = 1000000000 {_INT} [1, 1,024]"),
+    "dim-float": (_record(dim=64.0), f": dim = 64.0 {_INT} [1, 131,072]"),
+    "rank-string": (_record(rank="16"), f': rank = "16" {_INT} [0, 131,072]'),
+    "swiglu-string": (_record(swiglu="yes"), ': swiglu = "yes" is not true or false'),
+    "llama3-low-is-high": (
+        _record(rope_scaling_factor=8.0, rope_low_freq_factor=2, rope_high_freq_factor=1),
+        ": rope_low_freq_factor = 2 is not below rope_high_freq_factor = 1 (llama3 RoPE "
+        "scaling blends the frequencies between them, dividing by their difference)",
+    ),
+    "array": ("[]", " holds an array, not a JSON object"),
+}  # fmt: skip
+
+
+def test_a_recorded_model_no_model_runs_with_is_refused_when_read(tmp_path):
+    """Issue 56, item 8b: a step's model_args.json was type-checked but not bounded:
+    nested JSON was a 44-line RecursionError, and eps -1, theta Infinity, a 2^40
+    vocabulary and 10^9 layers passed the config check (``[model] flavor = <step>``,
+    which reads it through ``flavor_at``). The same rule as a config.json's now."""
+    from boost_titan.checkpoint.model_args import flavor_at
+
+    for case, (text, says) in _BAD_RECORDS.items():
+        step = tmp_path / case
+        step.mkdir()
+        (step / "model_args.json").write_text(text)
+        with pytest.raises(ValueError) as info:
+            flavor_at(str(step), "svd", "svd_llama2")
+        assert str(info.value) == f"model arguments {str(step / 'model_args.json')!r}{says}", case
+    assert sorted(p.name for p in (tmp_path / "eps--1").iterdir()) == ["model_args.json"]
+    (tmp_path / "eps--1" / "model_args.json").write_text(_record())
+    assert flavor_at(str(tmp_path / "eps--1"), "svd", "svd_llama2").rank == 16
+
+
 def _damaged_safetensors(folder: Path) -> dict[str, Path]:
     """Small safetensors files cut short, with a header length of 2^60, with a tensor's
     offsets past the end of the file, an unknown dtype, a 2^80-element shape and a

@@ -16,7 +16,6 @@ training, resuming, ``export``, ``eval``, ``plan`` and the dry run read the same
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,12 +48,12 @@ def flavor_at(path: str, arch: str, model_name: str) -> LlamaArgs:
             "or Hugging Face folder (config.json); a built-in flavor name holds no '/'"
         )
     from boost_titan.checkpoint.hf import HFFormatError
-    from boost_titan.checkpoint.hf.folder import format_for_config
+    from boost_titan.checkpoint.hf.folder import format_for_config, read_hf_config
 
     try:
-        hf = json.loads(config.read_text())
+        hf = read_hf_config(path)
         args = format_for_config(hf, str(config)).args_from_config(hf)
-    except (HFFormatError, KeyError, TypeError, json.JSONDecodeError) as e:
+    except (HFFormatError, KeyError, TypeError) as e:
         raise ValueError(f"{where}: {config} describes no model we run: {e}") from None
     if args.arch == arch:
         return args

@@ -9,18 +9,18 @@ flavor table return these arguments (``boost_titan.checkpoint.model_args``).
 
 Only the fields that define the model's weights and function are written (not
 ``max_seq_len``: a run sizes its RoPE table by its own sequence length). Reading checks
-each field's type and refuses an unknown field in one line: a hand-edited record cannot
-silently become another model.
+each field's type and range (``boost_titan.models.fields``) and refuses an unknown field
+in one line: a hand-edited record cannot silently become another model.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import fields
 from pathlib import Path
 
 from .args import LlamaArgs
+from .fields import check_fields, read_json
 
 MODEL_ARGS_FILE = "model_args.json"
 FORMAT_VERSION = 1
@@ -32,7 +32,6 @@ RECORDED = (
     "rope_original_max_positions", "max_positions",
     "arch", "rank", "kv_rank", "swiglu", "latent_act", "lax_gate", "lax_norm_eps",
 )  # fmt: skip
-_TYPES = {f.name: f.type for f in fields(LlamaArgs)}
 
 
 def args_record(args: LlamaArgs) -> dict:
@@ -60,46 +59,29 @@ def record_path(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def _type_ok(name: str, value) -> bool:
-    kind = _TYPES[name]
-    if "float" in kind:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if "int" in kind:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        return ok or ("None" in kind and value is None)
-    if "bool" in kind:
-        return isinstance(value, bool)
-    return isinstance(value, str)
-
-
 def read_model_args(path: str | os.PathLike) -> LlamaArgs:
-    """The arguments recorded at ``path`` (validated); one-line ``ValueError`` otherwise."""
-    where = str(path)
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"model arguments {where!r} cannot be read: {e}") from None
-    if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+    """The arguments recorded at ``path`` (validated: ``boost_titan.models.fields``, the
+    checks a Hugging Face config.json's get too); one-line ``ValueError`` otherwise."""
+    where = f"model arguments {str(path)!r}"
+    data = read_json(path, where)
+    if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(
-            f"model arguments {where!r}: format_version "
-            f"{data.get('format_version') if isinstance(data, dict) else None!r}, "
-            f"this boost_titan reads {FORMAT_VERSION}"
+            f"{where}: format_version {data.get('format_version')!r}, this boost_titan reads "
+            f"{FORMAT_VERSION}"
         )
     record = data.get("model_args")
     if not isinstance(record, dict):
-        raise ValueError(f"model arguments {where!r} hold no 'model_args' object")
+        raise ValueError(f"{where} hold no 'model_args' object")
     unknown = sorted(set(record) - set(RECORDED))
     missing = [k for k in RECORDED if k not in record]
     if missing:
-        raise ValueError(f"model arguments {where!r} lack fields {missing}")
+        raise ValueError(f"{where} lack fields {missing}")
     if unknown:
-        raise ValueError(f"model arguments {where!r}: unknown fields {unknown}; valid: {RECORDED}")
-    for k, v in record.items():
-        if not _type_ok(k, v):
-            raise ValueError(f"model arguments {where!r}: {k} = {v!r} is not a {_TYPES[k]}")
+        raise ValueError(f"{where}: unknown fields {unknown}; valid: {RECORDED}")
+    check_fields(record, where)
     args = LlamaArgs(**record)
     try:
         args.validate()
     except ValueError as e:
-        raise ValueError(f"model arguments {where!r} describe no valid model: {e}") from None
+        raise ValueError(f"{where} describe no valid model: {e}") from None
     return args

@@ -29,6 +29,7 @@ import torch
 
 from boost_titan.checkpoint.files import open_safetensors
 from boost_titan.checkpoint.hf import HFFormatError
+from boost_titan.checkpoint.hf.folder import read_hf_config
 from boost_titan.checkpoint.hf.llama_format import LLAMA
 from boost_titan.models.args import LlamaArgs
 from boost_titan.models.model import Transformer
@@ -88,7 +89,7 @@ class HFSource(DenseSource):
     def __init__(self, folder: Path):
         self.folder = folder
         self.where = f"folder {str(folder)!r}"
-        config = json.loads((folder / "config.json").read_text())
+        config = read_hf_config(folder)
         try:
             self.args = LLAMA.args_from_config(config)
         except HFFormatError as e:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from boost_titan.checkpoint.hf import HFFormat, HFFormatError, register
+from boost_titan.checkpoint.hf.llama_format import FIELD_KEYS, LLAMA3_ROPE, checked
 from boost_titan.models.args import ARCHITECTURES, LlamaArgs
 
 MODEL_TYPE = "boost_llama"
@@ -118,34 +119,27 @@ class BoostFormat(HFFormat):
             raise HFFormatError(f"config.json of the boost layout lacks {missing}")
         if arch not in ARCHITECTURES:
             raise HFFormatError(f"config.json has arch {arch!r}; valid: {list(ARCHITECTURES)}")
-        n_heads = config["num_attention_heads"]
-        kv_heads = config.get("num_key_value_heads") or n_heads
-        args = LlamaArgs(
-            dim=config["hidden_size"],
-            n_layers=config["num_hidden_layers"],
-            n_heads=n_heads,
-            n_kv_heads=None if kv_heads == n_heads else kv_heads,
-            vocab_size=config["vocab_size"],
-            ffn_dim=config["intermediate_size"],
-            norm_eps=config["rms_norm_eps"],
-            rope_theta=config["rope_theta"],
-            max_seq_len=config["max_position_embeddings"],
-            max_positions=config["max_position_embeddings"],
-            arch=arch,
-        )
+        keys = {
+            **FIELD_KEYS,
+            "rope_theta": "rope_theta",
+            **{k: k for k in ("rank", "kv_rank", "swiglu", "latent_act", "lax_gate")},
+            "lax_norm_eps": "lax_norm_eps",
+        }
+        values = {f: config[k] for f, k in keys.items() if k in config}
+        if values.get("n_kv_heads") is None:
+            values.pop("n_kv_heads", None)
         scaling = config.get("rope_interleaved_scaling") or ROPE_SCALING
-        args.rope_scaling_factor = float(scaling["factor"])
-        args.rope_low_freq_factor = float(scaling["low_freq_factor"])
-        args.rope_high_freq_factor = float(scaling["high_freq_factor"])
-        args.rope_original_max_positions = int(scaling["original_max_position_embeddings"])
-        if arch != "dense":
-            args.rank = config["rank"]
-            args.kv_rank = config["kv_rank"]
-            args.swiglu = config["swiglu"]
-            args.latent_act = config["latent_act"]
-        if arch == "lax":
-            args.lax_gate = config["lax_gate"]
-            args.lax_norm_eps = config["lax_norm_eps"]
+        if not isinstance(scaling, dict) or set(scaling) < set(LLAMA3_ROPE):
+            raise HFFormatError(
+                f"config.json: rope_interleaved_scaling = {scaling!r:.60} is not an object "
+                f"with {list(LLAMA3_ROPE)}"
+            )
+        values |= {f: scaling[k] for k, f in LLAMA3_ROPE.items()}
+        keys |= {f: f"rope_interleaved_scaling.{k}" for k, f in LLAMA3_ROPE.items()}
+        values = checked(values, keys)
+        if values.get("n_kv_heads") == values["n_heads"]:
+            values["n_kv_heads"] = None
+        args = LlamaArgs(**values, arch=arch, max_seq_len=values["max_positions"])
         try:
             args.validate()
         except ValueError as e:

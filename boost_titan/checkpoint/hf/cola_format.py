@@ -41,6 +41,7 @@ import torch
 
 from boost_titan.checkpoint.hf import HFFormatError, register
 from boost_titan.checkpoint.hf.llama_format import (
+    checked,
     llama_args_from_config,
     llama_config,
     norm_entries,
@@ -145,6 +146,7 @@ class ColaFormat(RenamingFormat):
                 f"{args.n_heads}: the CoLA authors' model has no grouped-query attention"
             )
         rank = config.get("rank") or args.dim // 4  # their ColaConfig's default
+        checked({"rank": rank}, {})
         args = args.with_overrides(
             arch="cola",
             rank=rank,

@@ -36,6 +36,7 @@ import torch
 from boost_titan.checkpoint.files import load_safetensors
 from boost_titan.checkpoint.hf import FORMATS, HFFormat, HFFormatError
 from boost_titan.models.args import LlamaArgs, _check_tokenizer_vocab
+from boost_titan.models.fields import FieldError, read_json
 
 # the modules that register a layout in FORMATS
 _FORMAT_MODULES = ("boost_format", "llama_format", "cola_format")
@@ -326,7 +327,11 @@ def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
     if not (path / "config.json").is_file():
         hint = "it does not exist" if not path.exists() else "no config.json"
         raise FileNotFoundError(f"{str(path)!r} is not a Hugging Face model folder: {hint}")
-    return json.loads((path / "config.json").read_text())
+    config = path / "config.json"
+    try:
+        return read_json(config, str(config))
+    except FieldError as e:
+        raise HFFormatError(str(e)) from None
 
 
 def read_hf_tensors(folder: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from boost_titan.checkpoint.hf import HFFormatError, register
 from boost_titan.checkpoint.hf.renames import BLOCK_NORMS, PROJECTIONS, Entry, RenamingFormat
 from boost_titan.checkpoint.hf.rope import from_rotate_half, to_rotate_half
 from boost_titan.models.args import LlamaArgs
+from boost_titan.models.fields import FieldError, check_fields
 
 
 def rope_rows(args: LlamaArgs) -> dict[str, int]:
@@ -91,21 +92,51 @@ def llama_config(args: LlamaArgs, architecture: str, model_type: str) -> dict[st
 
 
 # llama3 rope_scaling keys -> LlamaArgs fields
-_LLAMA3_ROPE = {
+LLAMA3_ROPE = {
     "factor": "rope_scaling_factor",
     "low_freq_factor": "rope_low_freq_factor",
     "high_freq_factor": "rope_high_freq_factor",
     "original_max_position_embeddings": "rope_original_max_positions",
 }
+# LlamaConfig keys -> LlamaArgs fields (the first five required)
+LLAMA_KEYS = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "vocab_size": "vocab_size",
+    "intermediate_size": "ffn_dim",
+    "num_key_value_heads": "n_kv_heads",
+    "rms_norm_eps": "norm_eps",
+    "max_position_embeddings": "max_positions",
+}
+FIELD_KEYS = {field: key for key, field in LLAMA_KEYS.items()}  # for the refusal lines
+
+
+def checked(values: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
+    """``values`` (LlamaArgs field -> config.json value), each checked by the one rule
+    every model file's fields are (``boost_titan.models.fields``): the key, its value
+    and what is valid in one line otherwise."""
+    try:
+        check_fields(values, "config.json", keys)
+    except FieldError as e:
+        raise HFFormatError(str(e)) from None
+    return values
 
 
 def rope_args(config: dict[str, Any]) -> dict[str, Any]:
     """LlamaArgs' RoPE fields of a config.json: theta and "default" or "llama3" scaling;
     any other scaling is refused, naming it."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    rope = config.get(key) or {}
+    if not isinstance(rope, dict):
+        raise HFFormatError(f"config.json: {key} = {rope!r:.60} is not a JSON object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-    out: dict[str, Any] = {"rope_theta": float(theta)}
+    if "rope_theta" in rope:
+        out = checked({"rope_theta": rope["rope_theta"]}, {"rope_theta": f"{key}.rope_theta"})
+    else:
+        theta = config.get("rope_theta")
+        out = checked({"rope_theta": 10000.0 if theta is None else theta}, {})
+    out["rope_theta"] = float(out["rope_theta"])
     if rope_type == "default":
         return out
     if rope_type != "llama3":
@@ -113,14 +144,17 @@ def rope_args(config: dict[str, Any]) -> dict[str, Any]:
             f"config.json rope type {rope_type!r}: our RoPE runs 'default' (none) and "
             "Llama 3.1's 'llama3' scaling only"
         )
-    missing = [k for k in _LLAMA3_ROPE if k not in rope]
+    missing = [k for k in LLAMA3_ROPE if k not in rope]
     if missing:
         raise HFFormatError(f"config.json llama3 rope scaling lacks {missing}")
-    for key, field in _LLAMA3_ROPE.items():
-        out[field] = int(rope[key]) if key.startswith("original") else float(rope[key])
+    out |= checked(
+        {field: rope[k] for k, field in LLAMA3_ROPE.items()},
+        {field: f"{key}.{k}" for k, field in LLAMA3_ROPE.items()},
+    )
     if out["rope_scaling_factor"] == 1.0:  # the identity: what "default" computes
         return {"rope_theta": out["rope_theta"]}
-    return out
+    positions = "rope_original_max_positions"
+    return {k: v if k == positions else float(v) for k, v in out.items()}
 
 
 def llama_args_from_config(config: dict[str, Any], fmt: str, tied_ok: bool = False) -> LlamaArgs:
@@ -139,27 +173,36 @@ def llama_args_from_config(config: dict[str, Any], fmt: str, tied_ok: bool = Fal
             raise HFFormatError(
                 f"config.json {key} = {config[key]!r}: our {fmt!r} model needs {want!r}"
             )
-    dim, heads = config["hidden_size"], config["num_attention_heads"]
-    head_dim = config.get("head_dim") or dim // heads
+    required = list(LLAMA_KEYS)[:5]
+    missing = [k for k in required if k not in config]
+    if missing:
+        raise HFFormatError(f"config.json lacks the LLaMA keys {missing}")
+    given = {k: config[k] for k in LLAMA_KEYS if config.get(k) is not None or k in required}
+    fields = checked({LLAMA_KEYS[k]: v for k, v in given.items()}, FIELD_KEYS)
+    dim, heads = fields["dim"], fields["n_heads"]
+    head_dim = config.get("head_dim")
+    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool)):
+        raise HFFormatError(f"config.json: head_dim = {head_dim!r:.60} is not a JSON integer")
+    head_dim = head_dim or dim // heads
     if head_dim * heads != dim:
         raise HFFormatError(
             f"config.json head_dim {head_dim} x num_attention_heads {heads} != hidden_size "
             f"{dim}: our attention needs head_dim = hidden_size / heads"
         )
-    kv = config.get("num_key_value_heads") or heads
-    positions = config.get("max_position_embeddings", 0)  # 0: the config does not say
-    return LlamaArgs(
-        dim=dim,
-        n_layers=config["num_hidden_layers"],
-        n_heads=heads,
+    kv = fields.get("n_kv_heads", heads)
+    positions = fields.get("max_positions", 0)  # 0: the config does not say
+    fields.update(
         n_kv_heads=None if kv == heads else kv,
-        vocab_size=config["vocab_size"],
-        ffn_dim=config["intermediate_size"],
-        norm_eps=config.get("rms_norm_eps", 1e-6),
+        norm_eps=float(fields.get("norm_eps", 1e-6)),
         max_seq_len=positions or 2048,
         max_positions=positions,
-        **rope_args(config),
     )
+    args = LlamaArgs(**fields, **rope_args(config))
+    try:
+        args.validate()
+    except ValueError as e:
+        raise HFFormatError(f"config.json describes no model we run: {e}") from None
+    return args
 
 
 def untie(config: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
