@@ -399,3 +399,17 @@ def assert_safe_metadata_only(step_dir) -> None:
 
     data = (step_dir / ".metadata").read_bytes()
     assert safe_metadata.loads(data, str(step_dir)) == pickle.loads(data)
+
+
+def test_a_step_whose_bytes_name_a_special_attribute_reads_the_same(tmp_path):
+    """A checkpoint saved under a folder named like a special attribute (its path is in
+    .metadata) is read by the checked unpickler, and reads what plain pickle reads."""
+    import torch.distributed.checkpoint as dcp
+
+    from boost_titan.checkpoint import safe_metadata
+
+    step = tmp_path / "__pycache__" / "step-1"
+    dcp.save({"w": torch.randn(3, 4), "n": {"k": 7}}, checkpoint_id=str(step), no_dist=True)
+    data = (step / ".metadata").read_bytes()
+    assert safe_metadata._MAYBE_DUNDER[0].search(data)  # (the checked unpickler's case)
+    assert safe_metadata.loads(data, str(step)) == pickle.loads(data)
