@@ -251,7 +251,7 @@ def test_gemm_mode_honours_tp_batch_seq(tmp_path):
             "error: unknown benchmark variant 'fullrank (dense twin)' (renamed: use 'fullrank'); "
             "valid: btp, btp-sp, vanilla, fullrank, btp-ungrouped, btp-sync-norm, "
             "btp-latent-ckpt, btp-latent-ckpt-recompute-attn, btp-full-ac, vanilla-full-ac; "
-            "groups: default, ac\n",
+            "groups: default, ac (boost-titan bench --help)\n",
         ),
         (["--variants", "btp,btp sp"], "variant 'btp sp' (renamed: use 'btp-sp'); valid: btp,"),
         (["--variants", "btp-compiled"], "(compiled twins come from --compile: use 'btp' with"),

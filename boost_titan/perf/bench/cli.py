@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from boost_titan.config import Parser
 from boost_titan.perf.bench.gemm import GEMM_DEFAULTS, gemm_bench
 from boost_titan.perf.bench.report import charts, markdown, tensorboard
 from boost_titan.perf.bench.stats import loss_mismatches, summarise
@@ -62,7 +63,7 @@ TRAIN_DEFAULT_TP = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from boost_titan.config import Parser
 from boost_titan.perf.bench.variants import SMOKE, Shape, lm_loss, sync
 
 PERIODS = (500, 200)
@@ -289,7 +290,7 @@ def report_pair(res: dict) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan bench-loro",
         description=__doc__,
         formatter_class=argparse.RawTextHelpFormatter,

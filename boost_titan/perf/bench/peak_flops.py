@@ -12,11 +12,12 @@ import argparse
 
 import torch
 
+from boost_titan.config import Parser
 from boost_titan.parallel.cpu_runtime import measure_matmul_peak_flops
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan peak-flops",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
