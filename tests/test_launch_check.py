@@ -24,8 +24,9 @@ TP2 = "train_configs/debug_cola_btp_tp2.toml"
 # the pre-check's line (boost-titan check-config, as run_train.sh runs it); the ranks'
 # line names what torchrun runs instead
 TP3_ERROR = (
-    "boost-titan check-config: error: [parallelism] degrees multiply to {n} (data_parallel_replicate_degree 1 x "
-    "data_parallel_shard_degree 1 x context_parallel_degree 1 x tensor_parallel_degree {n} x "
+    "boost-titan check-config: error: [parallelism] degrees multiply to {n} "
+    "(data_parallel_replicate_degree 1 x data_parallel_shard_degree 1 x "
+    "context_parallel_degree 1 x tensor_parallel_degree {n} x "
     "pipeline_parallel_degree 1) but WORLD_SIZE = {ws} processes were launched; launch "
     "NGPU={n} or set data_parallel_shard_degree = -1 (the rest)"
 )

@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from boost_titan.config import Parser, refusal
+from boost_titan.config import Parser, refuse
 from boost_titan.data.corpus.manifest import default_corpus_dir
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # package data: ships in the wheel
@@ -44,10 +44,11 @@ PROG = "boost-titan eval"
 
 
 class EvalError(SystemExit):
-    """One line, exit status 2: a bad model folder, data file or task."""
+    """A bad model folder, data file or task: :func:`main` prints it as one refusal line,
+    exit status 2 (a SystemExit whose code is 2 prints nothing by itself)."""
 
     def __init__(self, msg: str):
-        super().__init__(refusal(PROG, msg))
+        super().__init__(msg)
         self.code = 2
 
 
@@ -189,6 +190,13 @@ def evaluate(
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except EvalError as e:
+        refuse(PROG, e.args[0])
+
+
+def _main(argv: list[str] | None) -> int:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="an exported Hugging Face folder")
     p.add_argument("--tasks", default=PPL_TASK, help=f"comma-separated (default {PPL_TASK})")

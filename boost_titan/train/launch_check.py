@@ -40,9 +40,11 @@ def parse_launch_config(argv: list[str]):
     from boost_titan.parallel.pipeline import check_schedule_runs_here
     from boost_titan.train import fault
     from boost_titan.train.config_check import parse_config
+    from boost_titan.train.config_check.converters import check_converters_run_here
 
     config = parse_config(argv)
     check_schedule_runs_here(config)
+    check_converters_run_here(config)
     fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here
     return config
 
