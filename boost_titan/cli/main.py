@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 from typing import NamedTuple
 
 
@@ -39,7 +40,9 @@ COMMANDS: dict[str, Command] = {
     # data
     "data": Command(
         "boost_titan.data.cli",
-        "build the embedded corpus (build, info) or train a tokenizer on your files (tokenizer)",
+        "build the embedded corpus (build, info), train a tokenizer on your files (tokenizer), "
+        "tokenize raw text into a tokenized corpus (tokenize) or make Megatron .bin/.idx files "
+        "one (seal)",
     ),
     # before a run
     "check-config": Command(
@@ -97,7 +100,13 @@ def usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
+    indent = " " * (width + 4)
+    lines += [
+        textwrap.fill(
+            cmd.summary, 92, initial_indent=f"  {name:<{width}}  ", subsequent_indent=indent
+        )
+        for name, cmd in COMMANDS.items()
+    ]
     return "\n".join(lines)
 
 

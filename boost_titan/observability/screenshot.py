@@ -235,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--logdir", required=True, help="a run's tb/ folder (or any log dir)")
-    p.add_argument("--out", default="docs/dashboard.png")
+    p.add_argument(
+        "--out", default="docs/dashboard.png", help="the PNG to write (default %(default)s)"
+    )
     p.add_argument("--page", default="custom_scalars", help="TensorBoard tab, e.g. text")
     p.add_argument("--width", type=int, default=1400, help="window width in pixels")
     p.add_argument("--settle", type=float, default=10.0, help="seconds to let the charts draw")

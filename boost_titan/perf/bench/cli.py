@@ -68,7 +68,11 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", default="outputs/bench")
+    p.add_argument(
+        "--out",
+        default="outputs/bench",
+        help="folder for results.json, results.md, charts and tb/ (default %(default)s)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 timed steps per variant")
     # None = not given: the training benchmark and GEMM mode have different defaults
     p.add_argument(
@@ -118,8 +122,10 @@ def _parser() -> argparse.ArgumentParser:
         help="single-device GEMM mode: per-rank GEMMs of each plan at --flavor, --tp, "
         "--batch x --seq (default 7B, TP4, 4 x 4096)",
     )
-    p.add_argument("--flavor", default="7b")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--flavor", default="7b", help="GEMM mode: the model's size (default 7b)")
+    p.add_argument(
+        "--dtype", default="bfloat16", help="GEMM mode: the matmuls' dtype (default bfloat16)"
+    )
     p.add_argument(
         "--m-scale", type=float, default=1.0, help="GEMM mode: scale b*s (CPU: e.g. 0.03)"
     )

@@ -295,8 +295,10 @@ def main(argv=None) -> None:
         description=__doc__,
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--tp", type=int, default=2, help="TP degree = ranks (default 2)")
+    p.add_argument(
+        "--reps", type=int, default=5, help="interleaved repetitions, median taken (default 5)"
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     p.add_argument("--smoke", action="store_true", help="tiny shape (tests)")
     p.add_argument("--json", help="also write the figures here")

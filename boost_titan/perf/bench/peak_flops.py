@@ -22,10 +22,17 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="CPU threads (default: torch's, here %(default)s)",
+    )
     p.add_argument("--n", type=int, default=1024, help="square matmul size")
-    p.add_argument("--seconds", type=float, default=3.0)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--seconds", type=float, default=3.0, help="time to measure (default 3)")
+    p.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="default float32"
+    )
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     flops = measure_matmul_peak_flops(a.n, getattr(torch, a.dtype), a.seconds)
