@@ -70,6 +70,8 @@ def test_every_command_answers_help_with_its_own_usage(capsys):
     [
         (["checkpoint"], "boost-titan checkpoint: error: no command; valid: export, import, "
          "verify, from-dense (boost-titan checkpoint --help)"),
+        (["chekpoint"], "boost-titan: error: unknown command 'chekpoint'; valid: "
+         f"{', '.join(COMMANDS)}"),
         (["checkpoint", "exprot"], "boost-titan checkpoint: error: unknown command 'exprot'; "
          "valid: export, import, verify, from-dense (boost-titan checkpoint --help)"),
         (["checkpoint", "export", "--from", "x"], "boost-titan checkpoint export: error: the "
@@ -109,6 +111,9 @@ _TP2 = "train_configs/debug_cola_btp_tp2.toml"
         (["dryrun", "--config", "/nonexistent.toml", "--ngpu", "2"], 2),
         (["eval", "--model", "{tmp}"], 2),
         (["bench", "--tp", "0"], 2),
+        (["bench-loro", "--tp", "0"], 2),
+        (["peak-flops", "--n", "0"], 2),
+        (["recipes"], 2),
     ],
     ids=lambda v: " ".join(v[:3]) if isinstance(v, list) else None,
 )  # fmt: skip

@@ -17,6 +17,8 @@ import sys
 import textwrap
 from typing import NamedTuple
 
+from boost_titan.cli.args import fail
+
 
 class Command(NamedTuple):
     module: str  # whose main(argv) runs
@@ -117,11 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(
-            f"boost-titan: unknown command {name!r}; valid: {', '.join(COMMANDS)}",
-            file=sys.stderr,
-        )
-        return 2
+        fail("boost-titan", f"unknown command {name!r}; valid: {', '.join(COMMANDS)}")
     from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()  # before any command's module imports torchtitan

@@ -78,11 +78,12 @@ def apply_compile(model: nn.Module, compile_config) -> None:
             block.register_forward_pre_hook(_wait_async_inputs, with_kwargs=True)
 
 
-def check_backend(backend: str) -> None:
+def check_backend(backend: str, option: str = "[compile] backend =") -> None:
     """``[compile] backend`` names a backend torch.compile knows (every one Dynamo
     lists, its debug and experimental ones and installed plugins included): a bad name
     otherwise surfaces at the first compiled call, as a traceback per rank and torchrun's
-    report (157 lines, 4 tracebacks, for "bogus" on 2 ranks)."""
+    report (157 lines, 4 tracebacks, for "bogus" on 2 ranks). ``option``: how the
+    error names where the value came from."""
     import torch._dynamo
 
     known = torch._dynamo.list_backends(exclude_tags=())
@@ -90,7 +91,7 @@ def check_backend(backend: str) -> None:
         main = torch._dynamo.list_backends()  # less the debug and experimental ones
         debug = [b for b in known if b not in main and "TESTING" not in b]
         raise ValueError(
-            f"[compile] backend = {backend!r} is not a torch.compile backend (torch "
+            f"{option} {backend!r} is not a torch.compile backend (torch "
             f"{torch.__version__}); valid: {', '.join(main)} (inductor: the default), or a "
             f"debug one: {', '.join(debug)} (aot_eager: no code generation)"
         )

@@ -159,6 +159,13 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         if a.compile:
             p.error("--compile applies to the training benchmark, not to GEMM mode (plain matmuls)")
         return
+    if a.compile:
+        from boost_titan.parallel.compile import check_backend
+
+        try:
+            check_backend(a.compile_backend, "--compile-backend")
+        except ValueError as e:
+            p.error(str(e))
     if a.compile and a.warmup < 1:
         p.error(
             "--compile needs --warmup >= 1 (the first step compiles and must not be timed), "

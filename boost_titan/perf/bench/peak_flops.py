@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
         "--dtype", choices=["float32", "bfloat16"], default="float32", help="default float32"
     )
     a = p.parse_args(argv)
+    if a.threads < 1 or a.n < 1 or not a.seconds > 0:
+        p.error(f"--threads and --n must be >= 1 and --seconds > 0, got {a.threads}, {a.n}, "
+                f"{a.seconds}")  # fmt: skip
     torch.set_num_threads(a.threads)
     flops = measure_matmul_peak_flops(a.n, getattr(torch, a.dtype), a.seconds)
     print(f"{a.dtype} {a.n}x{a.n}x{a.n} matmul, {a.threads} thread(s): {flops:.3e} FLOP/s")
