@@ -374,6 +374,30 @@ def test_good_pipeline_configs_pass(bad_config_errors, case):
     assert bad_config_errors[len(BAD) + case] is None
 
 
+@pytest.mark.parametrize("name, runs", [("cola_llama2", 1), ("llama2", 29)])
+def test_only_dense_blocks_run_their_linear_modules(name, runs):
+    """Why the linear quantizers are refused for low-rank models: a converter swaps
+    nn.Linear modules for its own, whose forward does the cast, but a low-rank block
+    reads its factors' weights with F.linear, so of its 57 nn.Linear modules only the
+    output layer's forward runs (the dense model: all 29)."""
+    from torchtitan.protocols.train_spec import _extra_train_specs
+
+    from boost_titan.train import specs
+
+    specs.register_all()
+    spec = _extra_train_specs[name]
+    args = spec.model_args["debugmodel"]
+    model = spec.model_cls(args)
+    ran = []
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.register_forward_hook(lambda *_: ran.append(1))
+    with torch.no_grad():
+        model.init_weights()
+        model(torch.randint(0, args.vocab_size, (1, 8)))
+    assert len(ran) == runs
+
+
 def _pp_config(schedule: str, parts, micro: int = 1):
     from types import SimpleNamespace as NS
 
