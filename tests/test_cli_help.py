@@ -107,7 +107,7 @@ _TP2 = "train_configs/debug_cola_btp_tp2.toml"
         (["data", "info", "--out", "{tmp}/none"], 1),
         (["step-time", "--model", "bogus"], 2),
         (["plan", "--model", "bogus"], 2),
-        (["search", "--gpus", "12"], 2),
+        (["search", "--gpu", "v100"], 2),
         (["dryrun", "--config", "/nonexistent.toml", "--ngpu", "2"], 2),
         (["eval", "--model", "{tmp}"], 2),
         (["bench", "--tp", "0"], 2),
