@@ -3,7 +3,8 @@
 One folder per concern; each imports only the folders listed before it (the suite's
 ``tests/test_layers.py`` keeps it so). docs/source-tree.md is the map.
 
-    config          the ``[boost]`` TOML section: every option, its valid choices, the error format
+    config          the ``[boost]`` TOML section: every option, its valid choices, the error
+                    format; every command's refusal line and argparse (``refuse``, ``Parser``)
     models/         the models: dense, SVD, CoLA, LaX LLaMA; flavors; bottleneck layers
     observability/  what a run reports: metrics, TensorBoard dashboard, step profile,
                     collective counts, log filters

@@ -5,7 +5,11 @@
 ``[job] custom_config_module = "boost_titan.config"``.
 """
 
+import argparse
+import re
+import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 # Every valid choice, listed once: config validation, models, plans, planner, benchmark
 # and error messages all read these.
@@ -58,6 +62,46 @@ ConfigPathError = FileNotFoundError
 def bad(section: str, key: str, value, why: str, cls: type[Exception] = ValueError) -> Exception:
     """``[section] key = value <why>``: the one error format of every config check."""
     return cls(f"[{section}] {key} = {value!r} {why}")
+
+
+# What a command prints when it refuses its input, every command alike (the boost-titan
+# tools, the launch pre-check, the ranks' config check): one line, ``PROG: error:
+# MESSAGE``, argparse's own form. The message alone, never the exception's class name:
+# the user needs the key, the value and what is valid, not Python's type.
+USAGE_ERROR_EXIT = 2  # argparse's
+
+
+def refusal(prog: str, message: object) -> str:
+    """The one line of a refusal (``message``: the text, or the exception that carries it)."""
+    return f"{prog}: error: {str(message).strip()}"
+
+
+def refuse(prog: str, message: object, code: int = USAGE_ERROR_EXIT) -> NoReturn:
+    """:func:`refusal` on stderr, then exit ``code`` (a SystemExit: no traceback)."""
+    print(refusal(prog, message), file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+# reST markup of the docstrings a help text is built from: ``x``, :mod:`x`, :func:`~x`
+_MARKUP = re.compile(r"(?::[a-z]+:)?`{1,2}~?([^`]+?)`{1,2}")
+
+
+def plain(text: str) -> str:
+    """``text`` without reST markup (a docstring made a help text): literals and roles
+    as their text, a literal block's ``::`` as one colon."""
+    return re.sub(r"::(\s*)$", r":\1", _MARKUP.sub(r"\1", text), flags=re.MULTILINE)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse for every command: a usage error is one :func:`refusal` line (argparse's
+    own prints the whole usage first: 13 lines for ``checkpoint from-dense``), naming
+    the option and the bad value, then where the usage is; ``--help`` is plain text."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        refuse(self.prog, f"{message} ({self.prog} --help)")
+
+    def format_help(self) -> str:
+        return plain(super().format_help())
 
 
 @dataclass

@@ -247,11 +247,15 @@ def test_gemm_mode_honours_tp_batch_seq(tmp_path):
         (["--compile", "--warmup", "0"], "--compile needs --warmup >= 1"),
         (["--tp", "0"], "--tp must be >= 1, got 0"),
         (
+            ["--compile", "--compile-backend", "bogus"],
+            "--compile-backend 'bogus' is not a torch.compile backend",
+        ),
+        (
             ["--variants", "fullrank (dense twin)"],
             "error: unknown benchmark variant 'fullrank (dense twin)' (renamed: use 'fullrank'); "
             "valid: btp, btp-sp, vanilla, fullrank, btp-ungrouped, btp-sync-norm, "
             "btp-latent-ckpt, btp-latent-ckpt-recompute-attn, btp-full-ac, vanilla-full-ac; "
-            "groups: default, ac\n",
+            "groups: default, ac (boost-titan bench --help)\n",
         ),
         (["--variants", "btp,btp sp"], "variant 'btp sp' (renamed: use 'btp-sp'); valid: btp,"),
         (["--variants", "btp-compiled"], "(compiled twins come from --compile: use 'btp' with"),
@@ -585,7 +589,7 @@ def test_gpu_check_refuses_without_cuda(tmp_path):
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "gpu_check: no CUDA device visible" in proc.stderr
+    assert "boost-titan gpu-check: error: no CUDA device visible" in proc.stderr
     assert "add --smoke" in proc.stderr
     assert not (tmp_path / "gc").exists()
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TOMLS = sorted(REPO.glob("train_configs/*.toml")) + sorted(REPO.glob("recipes/*.toml"))
@@ -253,6 +254,46 @@ BAD += [
     ),
 ]
 
+# [compile] backend and [model] converters (issue 56): each was a traceback per rank at
+# the first compiled call / at model build (157 and 137 lines on 2 ranks)
+_CONVERTERS = ["quantize.grouped_mm.float8", "quantize.grouped_mm.mx", "quantize.linear.float8",
+               "quantize.linear.mx"]  # fmt: skip
+_DENSE = ["--model.name", "llama2", "--boost.tp_plan", "auto"]
+BAD += [
+    (
+        ["--compile.enable", "--compile.backend", "bogus"],
+        "ValueError: [compile] backend = 'bogus' is not a torch.compile backend (torch "
+        f"{torch.__version__}); valid: cudagraphs, inductor, openxla, tvm (inductor: the "
+        "default), or a debug one: aot_eager, ",
+    ),
+    (
+        ["--model.converters", "float8"],
+        "ValueError: [model] converters = ['float8'] names 'float8', which is not a model "
+        f"converter of torchtitan; valid: {_CONVERTERS}; for 'float8' use one of "
+        "['quantize.grouped_mm.float8', 'quantize.linear.float8']",
+    ),
+    (
+        ["--model.converters", "quantize.linear.float8"],
+        "ValueError: [model] converters = ['quantize.linear.float8'] names "
+        "'quantize.linear.float8', which model 'cola_llama2' flavor 'debugmodel' cannot use: "
+        "its blocks read the bottleneck factors' weights directly",
+    ),
+    (
+        ["--model.converters", "quantize.grouped_mm.mx"],
+        "ValueError: [model] converters = ['quantize.grouped_mm.mx'] names "
+        "'quantize.grouped_mm.mx', which converts MoE experts' grouped GEMMs; model "
+        "'cola_llama2' flavor 'debugmodel' has no experts (dense blocks): it would convert "
+        "nothing",
+    ),
+    # a dense model would convert, but not on this CPU (the suite's machine)
+    (
+        [*_DENSE, "--model.converters", "quantize.linear.float8"],
+        "ValueError: [model] converters = ['quantize.linear.float8'] names "
+        "'quantize.linear.float8', which needs a CUDA GPU with float8 (compute capability "
+        "8.9 or later: Ada, Hopper, Blackwell) and torchao; this machine has no CUDA GPU",
+    ),
+]
+
 # what those rules still accept (each refused above when the rule is wrong)
 GOOD = [
     [*_PP2, *_NO_LESS, *_ZBV, "--parallelism.pipeline_parallel_layers_per_stage", "1"],
@@ -278,17 +319,19 @@ GOOD = [
         "both",
     ],
     [*_PP2, "--parallelism.pipeline_parallel_microbatch_size", "2"],
+    ["--compile.enable", "--compile.backend", "aot_eager"],
+    [*_DENSE, "--compile.backend", "bogus"],  # not compiled: the backend is never read
 ]
 
 _CHECK_BAD = """
 import json, sys
 from boost_titan.parallel import cpu_runtime
 cpu_runtime.activate()
-from boost_titan.train.config_check import parse_config
+from boost_titan.train.launch_check import parse_launch_config
 errors = []
 for bad in json.loads(sys.argv[2]):
-    try:
-        parse_config(["--job.config_file", sys.argv[1], *bad])
+    try:  # parse_config and what this machine cannot run, as a launch checks
+        parse_launch_config(["--job.config_file", sys.argv[1], *bad])
         errors.append(None)
     except BaseException as e:  # tyro exits with SystemExit on unparsable values
         errors.append(f"{type(e).__name__}: {e}")
@@ -329,6 +372,30 @@ def test_bad_config_values_fail_early(bad_config_errors, case):
 @pytest.mark.parametrize("case", range(len(GOOD)), ids=[" ".join(g) for g in GOOD])
 def test_good_pipeline_configs_pass(bad_config_errors, case):
     assert bad_config_errors[len(BAD) + case] is None
+
+
+@pytest.mark.parametrize("name, runs", [("cola_llama2", 1), ("llama2", 29)])
+def test_only_dense_blocks_run_their_linear_modules(name, runs):
+    """Why the linear quantizers are refused for low-rank models: a converter swaps
+    nn.Linear modules for its own, whose forward does the cast, but a low-rank block
+    reads its factors' weights with F.linear, so of its 57 nn.Linear modules only the
+    output layer's forward runs (the dense model: all 29)."""
+    from torchtitan.protocols.train_spec import _extra_train_specs
+
+    from boost_titan.train import specs
+
+    specs.register_all()
+    spec = _extra_train_specs[name]
+    args = spec.model_args["debugmodel"]
+    model = spec.model_cls(args)
+    ran = []
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.register_forward_hook(lambda *_: ran.append(1))
+    with torch.no_grad():
+        model.init_weights()
+        model(torch.randint(0, args.vocab_size, (1, 8)))
+    assert len(ran) == runs
 
 
 def _pp_config(schedule: str, parts, micro: int = 1):

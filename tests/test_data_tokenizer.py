@@ -184,9 +184,11 @@ def test_formats_and_sampling(tmp_path):
 
 
 def _error(capsys, argv) -> str:
-    assert main(["tokenizer", *argv]) == 1
+    with pytest.raises(SystemExit) as e:
+        main(["tokenizer", *argv])
+    assert e.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("error: ")
+    assert err and err[-1].startswith("boost-titan data tokenizer: error: ")
     return err[-1]
 
 

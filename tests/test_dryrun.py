@@ -172,4 +172,5 @@ def test_too_big_layout_is_refused_with_the_figure():
 def test_bad_input_is_refused_when_parsed():
     proc = _dry("recipes/cola_llama2_7b.toml", 6)
     assert proc.returncode == 2
-    assert "dryrun:" in proc.stderr and "6" in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("boost-titan dryrun: error: ") and "6" in line, proc.stderr[-2000:]

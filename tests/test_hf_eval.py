@@ -93,11 +93,17 @@ def test_lm_eval_perplexity_equals_the_trainers_model(tmp_path, corpus_dir):
     assert math.isclose(conv["nats_per_token"], nll / n_tokens, rel_tol=1e-5)
 
 
-def test_bad_model_folder_and_data_are_one_line(tmp_path):
+def test_bad_model_folder_and_data_are_one_line(tmp_path, capsys):
     import pytest
 
-    with pytest.raises(SystemExit, match=r"is not a Hugging Face folder \(no config.json"):
+    with pytest.raises(SystemExit) as e:
         boost_eval.main(["--model", str(tmp_path)])
+    assert e.value.code == 2  # the line printed (an EvalError of code 2 alone prints nothing)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"boost-titan eval: error: --model {str(tmp_path)!r} is not a Hugging Face folder "
+        "(no config.json"
+    ), err
     with pytest.raises(SystemExit, match=r"--data .*must be an existing file.*suffix '.csv'"):
         (tmp_path / "x.csv").write_text("a\n")
         boost_eval.ppl_task(str(tmp_path / "x.csv"))

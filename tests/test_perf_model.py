@@ -358,7 +358,7 @@ def test_search_refuses_bad_input_in_one_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "plan --search: --gpus 12: must be >= 1 and, beyond one node, a multiple of 8"
+        "boost-titan plan: error: --gpus 12: must be >= 1 and, beyond one node, a multiple of 8"
     ]
     proc = run_main("boost_titan.cli.main", "plan", "--search", "--gpu", "v100")
     assert proc.returncode == 2 and "unknown GPU 'v100'" in proc.stderr

@@ -341,14 +341,14 @@ def config_errors(corpus_dir, tmp_path_factory) -> list[str]:
 
 def test_unknown_model_name_lists_valid_names(config_errors):
     out = config_errors[0]
-    assert "ValueError: unknown model name 'no_such_model'" in out
+    assert "boost_titan.train: error: unknown model name 'no_such_model'" in out
     for name in ("llama2", "svd_llama2", "cola_llama2", "lax_llama2"):
         assert f"'{name}'" in out
 
 
 def test_unknown_flavor_lists_valid_flavors(config_errors):
     out = config_errors[1]
-    assert "ValueError: unknown flavor 'no_such_flavor' for model 'llama2'" in out
+    assert "boost_titan.train: error: unknown flavor 'no_such_flavor' for model 'llama2'" in out
     for flavor in ("debugmodel", "60m", "7b", "34b"):
         assert f"'{flavor}'" in out
 
@@ -362,7 +362,7 @@ def test_unknown_cli_key_is_named(config_errors):
 
 def test_unknown_toml_key_is_named(config_errors):
     out = config_errors[3]
-    assert "ValueError: Invalid field names" in out
+    assert "boost_titan.train: error: Invalid field names" in out
     assert "Training" in out and "no_such_key" in out
 
 
@@ -380,7 +380,7 @@ def test_missing_corpus_says_how_to_build(corpus_dir, tmp_path):
         launcher="torchrun",
     )
     assert not run.loss
-    assert "FileNotFoundError" in run.output
+    assert "boost-titan check-config: error: [training] dataset_path" in run.output
     assert str(missing) in run.output
     assert "boost-titan data build" in run.output
 

@@ -26,13 +26,13 @@ own message.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from boost_titan.config import Parser, refuse
 from boost_titan.data.corpus.manifest import default_corpus_dir
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # package data: ships in the wheel
@@ -40,11 +40,15 @@ PPL_TASK = "boost_corpus_ppl"
 _DATA_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 
 
+PROG = "boost-titan eval"
+
+
 class EvalError(SystemExit):
-    """One line, exit status 2: a bad model folder, data file or task."""
+    """A bad model folder, data file or task: :func:`main` prints it as one refusal line,
+    exit status 2 (a SystemExit whose code is 2 prints nothing by itself)."""
 
     def __init__(self, msg: str):
-        super().__init__(f"boost-titan eval: {msg}")
+        super().__init__(msg)
         self.code = 2
 
 
@@ -186,15 +190,30 @@ def evaluate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="boost-titan eval", description=__doc__.split("\n")[0])
+    try:
+        return _main(argv)
+    except EvalError as e:
+        refuse(PROG, e.args[0])
+
+
+def _main(argv: list[str] | None) -> int:
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="an exported Hugging Face folder")
     p.add_argument("--tasks", default=PPL_TASK, help=f"comma-separated (default {PPL_TASK})")
     p.add_argument("--data", help="score these documents (.jsonl/.json/.parquet/.arrow) instead")
-    p.add_argument("--text-field", default="text")
+    p.add_argument(
+        "--text-field",
+        default="text",
+        help="with --data: the field holding each document's text (default %(default)s)",
+    )
     p.add_argument("--limit", type=int, help="only the first N documents of each task")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1, help="documents scored at once (default 1)")
     p.add_argument("--device", help="default: cuda when available, else cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="the dtype lm-eval loads the model in: float32 (default), bfloat16, float16, auto",
+    )
     p.add_argument("--output", help="write lm-eval's results (and the conversion) as JSON")
     p.add_argument(
         "--verbose", action="store_true", help="keep lm-eval's, datasets' and transformers' "

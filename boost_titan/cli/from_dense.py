@@ -113,7 +113,8 @@ def build_parser() -> Parser:
         "report (default: 1 in 8, at least 1 when there are 2 or more)",
     )  # fmt: skip
     p.add_argument("--device", default="cpu", help="where SVDs and fits run: cpu, cuda[:N]")
-    p.add_argument("--svd-dtype", choices=sorted(_SVD_DTYPES), default="float64")
+    p.add_argument("--svd-dtype", choices=sorted(_SVD_DTYPES), default="float64",
+                   help="the SVD's dtype (default float64; float32 halves its memory)")  # fmt: skip
     p.add_argument(
         "--threads", type=int, help="CPU threads (default: torch's). On a machine shared "
         "with other jobs, 1 can be far faster: OpenMP threads spin while they wait",

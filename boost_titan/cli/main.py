@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 from typing import NamedTuple
+
+from boost_titan.cli.args import fail
 
 
 class Command(NamedTuple):
@@ -39,7 +42,9 @@ COMMANDS: dict[str, Command] = {
     # data
     "data": Command(
         "boost_titan.data.cli",
-        "build the embedded corpus (build, info) or train a tokenizer on your files (tokenizer)",
+        "build the embedded corpus (build, info), train a tokenizer on your files (tokenizer), "
+        "tokenize raw text into a tokenized corpus (tokenize) or make Megatron .bin/.idx files "
+        "one (seal)",
     ),
     # before a run
     "check-config": Command(
@@ -97,7 +102,13 @@ def usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
+    indent = " " * (width + 4)
+    lines += [
+        textwrap.fill(
+            cmd.summary, 92, initial_indent=f"  {name:<{width}}  ", subsequent_indent=indent
+        )
+        for name, cmd in COMMANDS.items()
+    ]
     return "\n".join(lines)
 
 
@@ -108,11 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(
-            f"boost-titan: unknown command {name!r}; valid: {', '.join(COMMANDS)}",
-            file=sys.stderr,
-        )
-        return 2
+        fail("boost-titan", f"unknown command {name!r}; valid: {', '.join(COMMANDS)}")
     from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()  # before any command's module imports torchtitan

@@ -4,11 +4,10 @@ tokenized corpus, or seal existing Megatron .bin/.idx files as one."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 
+from boost_titan.config import Parser, refuse
 from boost_titan.data.corpus.build import build_corpus
 from boost_titan.data.corpus.manifest import (
     ENV_DATA_DIR,
@@ -19,9 +18,11 @@ from boost_titan.data.corpus.manifest import (
 from boost_titan.data.corpus.sources import CorpusBuildError
 from boost_titan.data.tokenizer import DEFAULT_VOCAB_SIZE, MIN_VOCAB_SIZE
 
+PROG = "boost-titan data"
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="boost-titan data", description=__doc__)
+    parser = Parser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     out_help = f"corpus folder (default: ${ENV_DATA_DIR} or ./data/boost_corpus)"
 
@@ -159,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.out, vocab_size=args.vocab_size, force=args.force, cache_dir=args.cache_dir
             )
         except CorpusBuildError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+            refuse(f"{PROG} build", e, 1)
         manifest.pop("_built_now", None)
         print(format_manifest(manifest))
         return _tokenize_embedded(args.out)
@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else default_corpus_dir()
     manifest = read_manifest(out)
     if manifest is None:
-        print(f"no corpus manifest in {out}; run `boost-titan data build`", file=sys.stderr)
-        return 1
+        refuse(f"{PROG} info", f"no corpus manifest in {out}; run `boost-titan data build`", 1)
     print(json.dumps(manifest, indent=2) if args.json else f"{out}\n{format_manifest(manifest)}")
     return 0
 
@@ -191,8 +190,7 @@ def _tokenizer(args) -> int:
             args.force,
         )
     except CorpusBuildError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        refuse(f"{PROG} tokenizer", e, 1)
     print(summary(info, Path(args.out).expanduser().absolute()))
     return 0
 
@@ -227,8 +225,7 @@ def _tokenize(args) -> int:
             args.force,
         )
     except (CorpusError, BlendError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        refuse(f"{PROG} {args.cmd}", e, 1)
     if m is None:
         print(
             f"{args.out}: shard {args.shard} done; the corpus is complete once every shard "
@@ -269,6 +266,5 @@ def _tokenize_embedded(out) -> int:
                        str(folder / "tokenized"))  # fmt: skip
             print(f"tokenized {split}: {c.describe()}")
     except CorpusError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        refuse(f"{PROG} build", e, 1)
     return 0

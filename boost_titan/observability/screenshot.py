@@ -29,6 +29,10 @@ import tempfile
 import time
 import urllib.request
 
+from boost_titan.config import Parser, refusal
+
+PROG = "boost-titan screenshot"
+
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -179,7 +183,9 @@ def _capture(chromium: str, url: str, out: str, width: int, settle_s: float) -> 
             time.sleep(settle_s)  # TensorBoard fetches the layout, then every chart's data
             opened = tools.evaluate(_OPEN_LEGENDS)
             if not opened:
-                raise SystemExit(f"no chart with a legend on {url}: is it a custom-scalars page?")
+                raise SystemExit(
+                    refusal(PROG, f"no chart with a legend on {url}: is it a custom-scalars page?")
+                )
             time.sleep(2)
             height += int(tools.evaluate(_HIDDEN_PX)) + 40
             tools.call("Emulation.setDeviceMetricsOverride", height=height, **metrics)
@@ -194,9 +200,13 @@ def _capture(chromium: str, url: str, out: str, width: int, settle_s: float) -> 
 def screenshot(logdir: str, out: str, page: str, width: int, settle_s: float) -> list[str]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        raise SystemExit("chromium not found: install Debian's package (apt-get install chromium)")
+        raise SystemExit(
+            refusal(PROG, "chromium not found: install Debian's package (apt-get install chromium)")
+        )
     if not os.path.isdir(logdir):
-        raise SystemExit(f"--logdir {logdir} does not exist: train a run first (make train)")
+        raise SystemExit(
+            refusal(PROG, f"--logdir {logdir} does not exist: train a run first (make train)")
+        )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     tb = subprocess.Popen(
@@ -214,18 +224,20 @@ def screenshot(logdir: str, out: str, page: str, width: int, settle_s: float) ->
         tb.terminate()
         tb.wait(timeout=30)
     if not os.path.isfile(out) or os.path.getsize(out) == 0:
-        raise SystemExit(f"chromium wrote no screenshot to {out}")
+        raise SystemExit(refusal(PROG, f"chromium wrote no screenshot to {out}"))
     return runs
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="boost-titan screenshot",
+    p = Parser(
+        prog=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--logdir", required=True, help="a run's tb/ folder (or any log dir)")
-    p.add_argument("--out", default="docs/dashboard.png")
+    p.add_argument(
+        "--out", default="docs/dashboard.png", help="the PNG to write (default %(default)s)"
+    )
     p.add_argument("--page", default="custom_scalars", help="TensorBoard tab, e.g. text")
     p.add_argument("--width", type=int, default=1400, help="window width in pixels")
     p.add_argument("--settle", type=float, default=10.0, help="seconds to let the charts draw")

@@ -78,9 +78,29 @@ def apply_compile(model: nn.Module, compile_config) -> None:
             block.register_forward_pre_hook(_wait_async_inputs, with_kwargs=True)
 
 
+def check_backend(backend: str, option: str = "[compile] backend =") -> None:
+    """``[compile] backend`` names a backend torch.compile knows (every one Dynamo
+    lists, its debug and experimental ones and installed plugins included): a bad name
+    otherwise surfaces at the first compiled call, as a traceback per rank and torchrun's
+    report (157 lines, 4 tracebacks, for "bogus" on 2 ranks). ``option``: how the
+    error names where the value came from."""
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        main = torch._dynamo.list_backends()  # less the debug and experimental ones
+        debug = [b for b in known if b not in main and "TESTING" not in b]
+        raise ValueError(
+            f"{option} {backend!r} is not a torch.compile backend (torch "
+            f"{torch.__version__}); valid: {', '.join(main)} (inductor: the default), or a "
+            f"debug one: {', '.join(debug)} (aot_eager: no code generation)"
+        )
+
+
 def check_compile_config(config) -> None:
-    """Refuse, when the config is parsed, the compiled combinations torch 2.13 cannot
-    run, naming what works instead.
+    """Refuse, when the config is parsed, a backend torch.compile does not know
+    (:func:`check_backend`) and the compiled combinations torch 2.13 cannot run,
+    naming what works instead.
 
     Both come from one torch 2.13 defect: when a compiled block recomputes a region
     that uses DTensor to_local/from_local, the partitioner saves the TP DeviceMesh
@@ -89,6 +109,8 @@ def check_compile_config(config) -> None:
     Under latent checkpointing this happens only where attention itself is
     recomputed (keep = "none"); torchtitan's AC recomputes whole blocks."""
     compile_cfg, boost = config.compile, config.boost
+    if compile_cfg.enable and compile_cfg.components:
+        check_backend(compile_cfg.backend)
     tp = config.parallelism.tensor_parallel_degree
     if not (compile_cfg.enable and "model" in compile_cfg.components and tp > 1):
         return

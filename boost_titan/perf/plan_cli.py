@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from boost_titan.config import RMSNORM_MODES
+from boost_titan.config import RMSNORM_MODES, Parser
 from boost_titan.perf.plan import DTYPE_BYTES, GIB, analyse
 from boost_titan.perf.search.run import add_arguments, run_search
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None, search: bool = False) -> None:
     cpu_runtime.activate()  # before torchtitan is imported: the memory is traced here
     from boost_titan.models.flavors import MODEL_ARCH, flavors_for
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan search" if search else "boost-titan plan",
         description="The fastest layout of a model that fits --gpus GPUs (boost-titan plan "
         "--search); --write writes it as a recipe."
@@ -112,17 +112,34 @@ def main(argv: list[str] | None = None, search: bool = False) -> None:
         else __doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="cola_llama2", choices=sorted(MODEL_ARCH))
+    p.add_argument(
+        "--model", default="cola_llama2", choices=sorted(MODEL_ARCH), help="default %(default)s"
+    )
     p.add_argument("--flavor", default="7b", help="a flavor name, or a converted step folder")
-    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
     if not search:  # the report of one layout's plans
-        p.add_argument("--tp", type=int, default=4)
+        p.add_argument("--tp", type=int, default=4, help="tensor parallel degree (default 4)")
         p.add_argument("--batch", type=int, default=4, help="micro-batch size")
-        p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+        p.add_argument(
+            "--dtype",
+            default="bfloat16",
+            choices=sorted(DTYPE_BYTES),
+            help="the activations' and weights' dtype (default %(default)s)",
+        )
         p.add_argument("--rank", type=int, default=0, help="override the flavor's rank")
-        p.add_argument("--ungrouped", action="store_true")
-        p.add_argument("--rmsnorm", default="online", choices=list(RMSNORM_MODES))
-        p.add_argument("--json", action="store_true")
+        p.add_argument(
+            "--ungrouped",
+            action="store_true",
+            help="BTP without grouping the projections that share an input",
+        )
+        p.add_argument(
+            "--rmsnorm",
+            default="online",
+            choices=list(RMSNORM_MODES),
+            help="BTP's RMSNorm statistics: in the next latent all-reduce (online) or their "
+            "own all-reduce (sync)",
+        )
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
         p.add_argument(
             "--no-memory",
             action="store_true",
@@ -131,7 +148,7 @@ def main(argv: list[str] | None = None, search: bool = False) -> None:
     add_arguments(p, search)  # --search and its options: boost_titan.perf.search
     a = p.parse_args(argv)
     if search or a.search:
-        raise SystemExit(run_search(a))
+        raise SystemExit(run_search(a, p.prog))
     from boost_titan.train.specs import FlavorTable
 
     # a built-in name, or a path: a converted step's recorded model (docs/from-dense.md)

@@ -26,6 +26,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from boost_titan.config import Parser
+
 ARCHS = ("dense", "svd", "cola", "lax")
 MODEL_NAME = {"dense": "llama2", "svd": "svd_llama2", "cola": "cola_llama2", "lax": "lax_llama2"}
 # size -> (tp, pp, gpus)
@@ -328,11 +330,20 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu_runtime.activate()
     quiet_warnings()
-    ap = argparse.ArgumentParser(prog="boost-titan recipes", description=__doc__)
+    ap = Parser(
+        prog="boost-titan recipes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # its examples, line by line
+    )
     ap.add_argument("--write", action="store_true", help="(re)write every recipe")
     ap.add_argument("--table", action="store_true", help="print docs/recipes.md's table")
     ap.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
-    ap.add_argument("--headroom", type=float, default=0.1)
+    ap.add_argument(
+        "--headroom",
+        type=float,
+        default=0.1,
+        help="fraction of --gpu-memory kept free for what the trace does not see (default 0.1)",
+    )
     ap.add_argument("--only", nargs="*", default=None, help="recipe names to write")
     a = ap.parse_args(argv)
     if not (a.write or a.table):

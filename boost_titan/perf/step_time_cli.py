@@ -12,48 +12,81 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 
+from boost_titan.config import Parser, refuse
 from boost_titan.perf.calibration import (
     calibrate_from_gpu_check,
     calibration,
     default_efficiency,
     format_calibration,
 )
-from boost_titan.perf.hardware import resolve_gpu
+from boost_titan.perf.hardware import GPUS, resolve_gpu
 from boost_titan.perf.step_time import CHECKPOINTS, SCHEDULES, Efficiency, Layout, step_time
+
+PROG = "boost-titan step-time"
 
 
 def main(argv: list[str] | None = None) -> int:
     from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()  # before the flavors import torchtitan
-    ap = argparse.ArgumentParser(
-        prog="boost-titan step-time",
+    ap = Parser(
+        prog=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--paper", action="store_true", help="fit and print the calibration table")
     ap.add_argument("--calibrate", help="refit on a gpu_check.json (its GEMM rates)")
-    ap.add_argument("--model", default="cola_llama2")
-    ap.add_argument("--flavor", default="7b")
-    ap.add_argument("--gpu", default="a100-40")
+    ap.add_argument("--model", default="cola_llama2", help="the model (default %(default)s)")
+    ap.add_argument("--flavor", default="7b", help="the model's size (default %(default)s)")
+    ap.add_argument(
+        "--gpu",
+        default="a100-40",
+        help=f"a known GPU: {', '.join(GPUS)} (default %(default)s)",
+    )
     ap.add_argument("--gpu-file", help="a custom GPU (TOML; see boost_titan.perf.hardware)")
     ap.add_argument("--plan", default=None, help="default: btp for low-rank, fullrank for dense")
-    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--tp", type=int, default=4, help="tensor parallel degree (default 4)")
     ap.add_argument("--cp", type=int, default=1, help="context parallel degree")
-    ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--dp-shard", type=int, default=1)
-    ap.add_argument("--dp-replicate", type=int, default=1)
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--microbatches", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--schedule", default="1F1B", choices=SCHEDULES)
-    ap.add_argument("--stages-per-rank", type=int, default=1)
-    ap.add_argument("--checkpoint", default="none", choices=CHECKPOINTS)
-    ap.add_argument("--gpus-per-node", type=int, default=8)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (stages)")
+    ap.add_argument("--dp-shard", type=int, default=1, help="FSDP degree (data parallel, sharded)")
+    ap.add_argument(
+        "--dp-replicate", type=int, default=1, help="data parallel replicas (DDP / HSDP)"
+    )
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        default=4,
+        help="sequences per microbatch (default 4)",
+    )
+    ap.add_argument(
+        "--microbatches",
+        type=int,
+        default=1,
+        help="microbatches per step per replica: the pipeline's, or gradient accumulation",
+    )
+    ap.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
+    ap.add_argument(
+        "--schedule", default="1F1B", choices=SCHEDULES, help="pipeline schedule (with --pp)"
+    )
+    ap.add_argument(
+        "--stages-per-rank",
+        type=int,
+        default=1,
+        help="pipeline stages per rank (2: a looped / interleaved schedule)",
+    )
+    ap.add_argument(
+        "--checkpoint",
+        default="none",
+        choices=CHECKPOINTS,
+        help="recomputed in backward: latent checkpointing's chunks (mlp, attention, both) "
+        "or torchtitan's full AC (full)",
+    )
+    ap.add_argument(
+        "--gpus-per-node", type=int, default=8, help="GPUs per node: where TP and CP stay in NVLink"
+    )
+    ap.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     a = ap.parse_args(argv)
     try:
         if a.paper:
@@ -90,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         bd = step_time(args, lay, hw, eff)
     except ValueError as e:
-        print(f"perf_model: {e}", file=sys.stderr)
-        return 2
+        refuse(PROG, e)
     if a.json:
         print(
             json.dumps(

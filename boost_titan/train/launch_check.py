@@ -7,15 +7,17 @@ with GPUS_PER_NODE x SLURM_NNODES, with the arguments the ranks will get. It run
 checks every rank runs before it builds anything (:func:`parse_launch_config`: the
 config file, the flags, ``boost_titan.train.config_check`` with the world size, what this
 machine cannot run, ``BOOST_TITAN_INJECT``). A config error is one line on stderr
-(``ValueError: [section] key = value ...``: the key, the value, what is valid) and exit
-status 2 (:data:`CONFIG_ERROR_EXIT`); a good config prints nothing and exits 0.
+(``boost-titan check-config: error: [section] key = value ...``: the key, the value,
+what is valid; ``boost_titan.config.refusal``, as every command's) and exit status 2
+(:data:`CONFIG_ERROR_EXIT`); a good config prints nothing and exits 0.
 
 Without it a bad value is found by every rank at once: a traceback per rank and
 torchrun's ChildFailedError report (56 lines for a TP degree of 3 on 2 processes), and
 on a cluster only after the job got its nodes and every node's ranks imported torch.
 
 Inside a rank (``boost_titan.train.trainer.main``) the same checks end the same way,
-:func:`parse_or_exit`: one line, no traceback, exit status 2.
+:func:`parse_or_exit`: one line (``boost_titan.train: error: ...``), no traceback, exit
+status 2.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from __future__ import annotations
 import os
 import sys
 
+from boost_titan.config import refuse
+
+PROG = "boost-titan check-config"
+RANK_PROG = "boost_titan.train"  # what torchrun runs: -m boost_titan.train
 CONFIG_ERROR_EXIT = 2  # as tyro's usage errors (an unknown flag) and run_train.sh's own
 # what a config check raises (boost_titan.train.config_check.common: ConfigError, ConfigPathError)
 CONFIG_ERRORS = (ValueError, FileNotFoundError)
@@ -34,28 +40,23 @@ def parse_launch_config(argv: list[str]):
     from boost_titan.parallel.pipeline import check_schedule_runs_here
     from boost_titan.train import fault
     from boost_titan.train.config_check import parse_config
+    from boost_titan.train.config_check.converters import check_converters_run_here
 
     config = parse_config(argv)
     check_schedule_runs_here(config)
+    check_converters_run_here(config)
     fault.parse_injections(os.environ.get(fault.INJECT_ENV, ""))  # a bad spec fails here
     return config
 
 
-def error_line(e: BaseException) -> str:
-    """The last line Python's traceback would print: the exception type (ValueError for
-    a bad value, FileNotFoundError for a missing file) and its message."""
-    return f"{type(e).__name__}: {e}"
-
-
-def parse_or_exit(argv: list[str]):
-    """:func:`parse_launch_config`; a config error prints :func:`error_line` on stderr
-    and exits with :data:`CONFIG_ERROR_EXIT` (a SystemExit: no traceback, and
-    torchelastic's error file gets none to print once per rank)."""
+def parse_or_exit(argv: list[str], prog: str = RANK_PROG):
+    """:func:`parse_launch_config`; a config error is one refusal line on stderr (the
+    message alone) and exit status :data:`CONFIG_ERROR_EXIT` (a SystemExit: no
+    traceback, and torchelastic's error file gets none to print once per rank)."""
     try:
         return parse_launch_config(argv)
     except CONFIG_ERRORS as e:
-        print(error_line(e), file=sys.stderr, flush=True)
-        raise SystemExit(CONFIG_ERROR_EXIT) from None
+        refuse(prog, e, CONFIG_ERROR_EXIT)
 
 
 USAGE = (
@@ -81,18 +82,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0)
     if not argv or not argv[0].isdigit() or int(argv[0]) < 1:
         got = f"got {argv[0]!r}" if argv else "none given"
-        print(
-            f"boost-titan check-config: error: WORLD_SIZE must come first, a positive process "
-            f"count ({got}); {USAGE}",
-            file=sys.stderr,
+        refuse(
+            PROG,
+            f"WORLD_SIZE must come first, a positive process count ({got}); {USAGE}",
+            CONFIG_ERROR_EXIT,
         )
-        raise SystemExit(CONFIG_ERROR_EXIT)
     os.environ["WORLD_SIZE"] = argv[0]  # the launch checks: degrees against it, files
 
     from boost_titan.parallel import cpu_runtime
 
     cpu_runtime.activate()  # before torchtitan is imported, as in boost_titan.train
-    parse_or_exit(argv[1:])
+    parse_or_exit(argv[1:], PROG)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from boost_titan.checkpoint.integrity.dcp_hooks import trailers_line, unverified
 from boost_titan.checkpoint.integrity.folder_seal import shares
 from boost_titan.checkpoint.integrity.manifest import METADATA, NAME, key, step_of
 from boost_titan.checkpoint.integrity.step import HF_INDEX, SEALED, TRAILERS, UNVERIFIED, open_step
+from boost_titan.config import Parser
 from boost_titan.models.recorded import MODEL_ARGS_FILE
 
 logger = logging.getLogger()  # torchtitan's logger (the root logger), as boost_titan.train.fault
@@ -234,10 +235,9 @@ def newest_verified(folder: str | os.PathLike) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str]) -> int:
     """``boost-titan checkpoint verify PATH [PATH ...]``; returns the exit code."""
-    import argparse
     import sys
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan checkpoint verify",
         description="Verify checkpoint steps without loading them: the step's manifest, "
         "then every stored byte against the digests its save recorded. Exit 0 when "

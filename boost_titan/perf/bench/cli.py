@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from boost_titan.config import Parser
 from boost_titan.perf.bench.gemm import GEMM_DEFAULTS, gemm_bench
 from boost_titan.perf.bench.report import charts, markdown, tensorboard
 from boost_titan.perf.bench.stats import loss_mismatches, summarise
@@ -62,12 +63,16 @@ TRAIN_DEFAULT_TP = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", default="outputs/bench")
+    p.add_argument(
+        "--out",
+        default="outputs/bench",
+        help="folder for results.json, results.md, charts and tb/ (default %(default)s)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 timed steps per variant")
     # None = not given: the training benchmark and GEMM mode have different defaults
     p.add_argument(
@@ -117,8 +122,10 @@ def _parser() -> argparse.ArgumentParser:
         help="single-device GEMM mode: per-rank GEMMs of each plan at --flavor, --tp, "
         "--batch x --seq (default 7B, TP4, 4 x 4096)",
     )
-    p.add_argument("--flavor", default="7b")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--flavor", default="7b", help="GEMM mode: the model's size (default 7b)")
+    p.add_argument(
+        "--dtype", default="bfloat16", help="GEMM mode: the matmuls' dtype (default bfloat16)"
+    )
     p.add_argument(
         "--m-scale", type=float, default=1.0, help="GEMM mode: scale b*s (CPU: e.g. 0.03)"
     )
@@ -152,6 +159,13 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         if a.compile:
             p.error("--compile applies to the training benchmark, not to GEMM mode (plain matmuls)")
         return
+    if a.compile:
+        from boost_titan.parallel.compile import check_backend
+
+        try:
+            check_backend(a.compile_backend, "--compile-backend")
+        except ValueError as e:
+            p.error(str(e))
     if a.compile and a.warmup < 1:
         p.error(
             "--compile needs --warmup >= 1 (the first step compiles and must not be timed), "

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from boost_titan.config import Parser
 from boost_titan.perf.bench.variants import SMOKE, Shape, lm_loss, sync
 
 PERIODS = (500, 200)
@@ -289,13 +290,15 @@ def report_pair(res: dict) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan bench-loro",
         description=__doc__,
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--tp", type=int, default=2, help="TP degree = ranks (default 2)")
+    p.add_argument(
+        "--reps", type=int, default=5, help="interleaved repetitions, median taken (default 5)"
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     p.add_argument("--smoke", action="store_true", help="tiny shape (tests)")
     p.add_argument("--json", help="also write the figures here")

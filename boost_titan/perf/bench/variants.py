@@ -131,7 +131,7 @@ def compile_refusal(name: str, tp: int) -> str | None:
     ac = VARIANTS[base_name(name)][4]
     latent = ac.startswith("latent")
     config = SimpleNamespace(
-        compile=SimpleNamespace(enable=True, components=["model", "loss"]),
+        compile=SimpleNamespace(enable=True, components=["model", "loss"], backend="inductor"),
         parallelism=SimpleNamespace(tensor_parallel_degree=tp),
         activation_checkpoint=SimpleNamespace(mode="full" if ac == "full" else "none"),
         boost=SimpleNamespace(

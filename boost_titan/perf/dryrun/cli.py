@@ -8,8 +8,11 @@ import sys
 from dataclasses import asdict
 
 import boost_titan.perf.dryrun as package
+from boost_titan.config import Parser, refuse
 from boost_titan.perf.dryrun.report import GIB, budget_bytes, fits, format_reports
 from boost_titan.perf.dryrun.run import dry_run, measure, quiet_warnings
+
+PROG = "boost-titan dryrun"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_warnings()
     from boost_titan.train.config_check import check_config, parse_config
 
-    ap = argparse.ArgumentParser(
-        prog="boost-titan dryrun",
+    ap = Parser(
+        prog=PROG,
         description=package.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -34,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         help="fraction of --gpu-memory kept free for what the trace does not see (CUDA "
         "context, NCCL buffers, fragmentation; default 0.1)",
     )
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the reports as JSON")
     ap.add_argument(
         "--measure",
         action="store_true",
@@ -48,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(config_args)
         check_config(config, world_size=a.ngpu, files=False)
     except (ValueError, FileNotFoundError) as e:
-        print(f"dryrun: {e}", file=sys.stderr)
-        return 2
+        refuse(PROG, e)
     config.compile.enable = False  # eager figures (see the module docstring)
     if a.measure:
         reports = measure(config)

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from boost_titan.config import Parser
 from boost_titan.perf.gpu_check.btp import btp
 from boost_titan.perf.gpu_check.common import (
     SECTIONS,
@@ -131,7 +132,7 @@ def _sizes(a: argparse.Namespace) -> Sizes:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="boost-titan gpu-check",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import platform
 import shutil
 import subprocess
-import sys
 
 import torch
+
+from boost_titan.config import refuse
 
 
 def versions() -> dict:
@@ -68,11 +69,10 @@ def require_cuda(smoke: bool) -> None:
     takes hours. Refuse, naming what works, unless ``--smoke``."""
     if smoke or torch.cuda.is_available():
         return
-    print(
-        f"gpu_check: no CUDA device visible (torch {torch.__version__}, built with CUDA "
+    refuse(
+        "boost-titan gpu-check",
+        f"no CUDA device visible (torch {torch.__version__}, built with CUDA "
         f"{torch.version.cuda}); the full check runs full-size models with inductor and "
         "would take hours on a CPU. Run it on a GPU machine, or add --smoke for the same "
         "code paths on CPU with tiny shapes.",
-        file=sys.stderr,
     )
-    raise SystemExit(2)

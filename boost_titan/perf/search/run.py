@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 
+from boost_titan.config import refuse
 from boost_titan.perf.hardware import GPU
 from boost_titan.perf.search.layouts import (
     BASE_RECIPE,
@@ -170,20 +171,32 @@ def add_arguments(p, search: bool = False) -> None:
     g = p.add_argument_group("layout search" if search else "layout search (--search)")
     if not search:
         g.add_argument("--search", action="store_true", help="search the fastest layout that fits")
-    g.add_argument("--gpus", type=int, default=8)
+    g.add_argument(
+        "--gpus",
+        type=int,
+        default=8,
+        help="GPUs the layout must fill (default 8; beyond one node a multiple of a node)",
+    )
     g.add_argument("--gpu", default="h100-80", help="a GPU of boost_titan.perf.hardware")
     g.add_argument("--gpu-file", help="a custom GPU (TOML; keys in boost_titan.perf.hardware)")
-    g.add_argument("--gpus-per-node", type=int, default=None)
+    g.add_argument(
+        "--gpus-per-node", type=int, default=None, help="GPUs per node (default: the GPU's node)"
+    )
     g.add_argument("--global-batch-tokens", type=int, default=None, help="default 1024 x seq")
-    g.add_argument("--top", type=int, default=5)
-    g.add_argument("--headroom", type=float, default=0.1)
+    g.add_argument("--top", type=int, default=5, help="layouts to print, fastest first (default 5)")
+    g.add_argument(
+        "--headroom",
+        type=float,
+        default=0.1,
+        help="fraction of GPU memory kept free for what the trace does not see (default 0.1)",
+    )
     g.add_argument("--calibrate", help="refit the model on a gpu_check.json first")
     g.add_argument("--write", help="write the winner as a recipe (TOML)")
     g.add_argument("--no-verify", action="store_true", help="skip the winner's full dry run")
 
 
-def run_search(a) -> int:
-    """``plan --search``'s body."""
+def run_search(a, prog: str) -> int:
+    """``plan --search``'s body (``prog``: the command that refuses bad input)."""
     from boost_titan.perf.calibration import default_efficiency
     from boost_titan.perf.dryrun.run import quiet_warnings
     from boost_titan.perf.hardware import resolve_gpu
@@ -200,8 +213,7 @@ def run_search(a) -> int:
             a.global_batch_tokens, a.top, a.headroom, not a.no_verify, log,
         )  # fmt: skip
     except ValueError as e:
-        print(f"plan --search: {e}", file=sys.stderr)
-        return 2
+        refuse(prog, e)
     print(source)
     if not cands:
         print(f"no layout of {a.model} {a.flavor} fits {a.gpus} x {hw.name}", file=sys.stderr)

@@ -30,6 +30,8 @@ One module per job:
     layout     [parallelism]: degrees against the world size, PP schedule, batch sizes
     model      model name and flavor, [boost] against the flavor's shapes, TP degree,
                latent checkpointing, pipeline split
+    converters [model] converters: registered names, what they would convert in our
+               models; at launch, the GPU and torchao they need
     files      what a launch reads from disk: tokenizer folder, datasets
     check      ``check_config``: every check above, in order
 """

@@ -1,12 +1,17 @@
 """The model: name and flavor, the [boost] options against the flavor's shapes, the
-tensor-parallel degree against the dimensions it splits, latent checkpointing, and the
-pipeline split; also the model args the trainer will build (``config_args``)."""
+tensor-parallel degree against the dimensions it splits, latent checkpointing, the
+pipeline split and [model] converters (``converters``); also the model args the trainer
+will build (``config_args``)."""
 
 from __future__ import annotations
 
 from boost_titan import config as boost_config
 from boost_titan.parallel.pipeline import check_pipeline_config
 from boost_titan.train.config_check.common import ConfigError, _divisors, bad
+from boost_titan.train.config_check.converters import (
+    check_converter_names,
+    check_converters_for,
+)
 
 
 def _check_model(config, deg: dict[str, int] | None) -> None:
@@ -19,6 +24,7 @@ def _check_model(config, deg: dict[str, int] | None) -> None:
     from boost_titan.models.args import kron_factors
     from boost_titan.tp_plans import resolve_tp_plan, validate_tp_degree
 
+    check_converter_names(config)
     name, flavor = config.model.name, config.model.flavor
     ours = sorted(_extra_train_specs)
     if name not in _extra_train_specs and name not in _supported_models:
@@ -105,6 +111,7 @@ def _check_model(config, deg: dict[str, int] | None) -> None:
                     "prime; choose another rank or lax_gate = 'dense'",
                 )
     _check_loro_model(config, model_args, what)
+    check_converters_for(config, model_args, what)
     if deg is None:
         return
     try:
