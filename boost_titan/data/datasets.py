@@ -33,6 +33,7 @@ from boost_titan.data import local_text
 from boost_titan.data.corpus.manifest import BUILD_HINT as _BUILD_HINT
 
 
+
 def _corpus_split(split: str) -> str:
     from boost_titan.data.corpus.manifest import default_corpus_dir
 
