@@ -19,9 +19,9 @@ a rank's memory over a 10 GB and a 1 TB tokenized corpus.
 3. **Tokens/s on one core** (no workers): the loader's rate per CPU second and per wall
    second at dp 1024, against a CoLA 7B H100 rank's need (~70k tokens/s: docs/training.md).
 4. **Memory.** Synthetic tokenized corpora (sparse ``.bin`` files: no disk blocks; real
-   ``.idx`` and ``corpus.json``) of 10 GB (160 parts of 64 MiB) and 1 TB (16,384 parts):
-   a fresh process builds the dp-1024 loader and reads 100 steps from random places;
-   its peak RSS (``ru_maxrss``) beside the same process's before the loader.
+   ``.idx``, block digests and ``corpus.json``) of 10 GB (160 parts of 64 MiB) and 1 TB
+   (16,384 parts): a fresh process builds the dp-1024 loader and reads 100 steps from
+   random places; its peak RSS (``ru_maxrss``) beside the same process's before the loader.
 
 Figures, not assertions: docs/benchmarks.md keeps them. Noisy on a shared machine."""
 
@@ -141,22 +141,27 @@ def synthetic(folder: Path, parts: int, part_tokens: int) -> None:
     """A tokenized corpus of sparse .bin parts (zeros), real .idx files and manifest."""
     import numpy as np
 
-    from boost_titan.data import indexed
+    from boost_titan.data import indexed, part_blocks
     from boost_titan.data.tokenize import _write_json, tokenizer_identity
     from boost_titan.data.tokenized import FORMAT, VERSION, manifest_digest
 
     folder.mkdir(parents=True)
     docs = part_tokens // 1024  # 1,024-token documents
     indexed.write_index(str(folder / "part.idx"), np.full(docs, 1024, np.int64), np.uint16)
+    zeros = part_blocks.BlockHasher()  # every part's blocks: zeros (a sparse file)
+    zeros.update(bytes(docs * 2048))
+    blocks = part_blocks.write(str(folder / "part.blocks"), zeros.finish())
     records = []
     for p in range(parts):
         prefix = folder / f"part-{p:05d}"
         with open(f"{prefix}.bin", "wb") as f:
             f.truncate(docs * 1024 * 2)
         os.link(folder / "part.idx", f"{prefix}.idx")
+        os.link(folder / "part.blocks", f"{prefix}.blocks")
         records.append({"prefix": prefix.name, "tokens": docs * 1024, "documents": docs,
                         "bin_bytes": docs * 2048, "idx_bytes": os.path.getsize(folder / "part.idx"),
-                        "digest": f"{p:032x}"})  # fmt: skip
+                        "digest": f"{p:032x}",
+                        "blocks": {**blocks, "file": f"{prefix.name}.blocks"}})  # fmt: skip
     body = {
         "format": FORMAT, "version": VERSION, "dtype": "uint16",
         "tokenizer": tokenizer_identity(str(TOKENIZER)),

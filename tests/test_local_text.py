@@ -261,6 +261,39 @@ def _training_loader(corpus, cache: Path, world=1, tokenizer=TOKENIZER):
                         local_batch_size=2, dp_rank=0, dp_world_size=world)  # fmt: skip
 
 
+def test_the_same_files_through_a_link_reuse_the_cache(tmp_path, monkeypatch):
+    """Issue 56 item 16: the cache key is where the files really are (links resolved),
+    their sizes and times: a corpus reached through a symbolic link (a folder or one
+    file) is the cached one, tokenized by nobody; an edit is another key."""
+    from boost_titan.data import cache
+    from boost_titan.data.text_sources import FileText
+
+    root = tmp_path / "c"
+    for i in range(2):
+        _write(root / f"p{i}.jsonl", "jsonl", _docs(90 + i, 3, words=12))
+    (tmp_path / "link").symlink_to(root)
+    (tmp_path / "one.jsonl").symlink_to(root / "p0.jsonl")
+    made = {
+        name: cache.ensure(FileText(find_corpus(str(root / name))), TOKENIZER,
+                           str(tmp_path / "cache"), quiet=True).path
+        for name in ("", "p0.jsonl")
+    }  # fmt: skip
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("tokenized again")
+
+    monkeypatch.setattr(cache, "tokenize", no_work)
+    for link, real in (("link", ""), ("one.jsonl", "p0.jsonl")):
+        again = cache.ensure(FileText(find_corpus(str(tmp_path / link))), TOKENIZER,
+                             str(tmp_path / "cache"), quiet=True)  # fmt: skip
+        assert again.path == made[real]
+    with open(root / "p1.jsonl", "a") as f:
+        f.write(json.dumps({"text": "one more"}) + "\n")
+    with pytest.raises(AssertionError, match="tokenized again"):
+        cache.ensure(FileText(find_corpus(str(tmp_path / "link"))), TOKENIZER,
+                     str(tmp_path / "cache"), quiet=True)  # fmt: skip
+
+
 def test_resume_over_changed_files_is_refused_in_one_line(tmp_path):
     """A saved position records the corpus' digest (of its tokens, documents, files and
     holdout, not of where they are); a resume over other files stops with one line

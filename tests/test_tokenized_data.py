@@ -22,6 +22,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import subprocess
 import sys
 from fractions import Fraction
@@ -550,3 +551,224 @@ def test_positions_through_dcp_and_what_is_refused(corpora, tmp_path, tok):
     )
     with pytest.raises(DataResumeError, match=r"holds one data position in boost_titan's global"):
         _dcp(tmp_path / "ours", None, _per_rank_loader(2, 0, tok))
+
+
+# ---------------------------------------------------------------------------------------
+# What a user owns is never written over or removed; what is read is checked as read
+
+
+def _guard(seconds: int = 20):
+    """A blocking call (an open of a FIFO, an unbounded Fraction) as a failure, not a hang."""
+    import signal
+
+    def stop(*_):
+        raise TimeoutError(f"still blocked after {seconds} s")
+
+    signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+
+
+def _megatron(prefix: Path, docs: int, seed: int = 0, top: int = 8000) -> list[np.ndarray]:
+    """A Megatron prefix of ``docs`` documents of random ids below ``top``."""
+    rng = np.random.default_rng(seed)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    writer = indexed.IndexWriter(str(prefix) + ".bin", np.uint16)
+    out = [rng.integers(2, top, int(rng.integers(200, 2000))) for _ in range(docs)]
+    for doc in out:
+        writer.add(doc)
+    writer.finish(str(prefix) + ".idx")
+    return out
+
+
+def test_force_and_out_remove_and_overwrite_only_our_own_files(tmp_path, monkeypatch):
+    """Issue 56 item 1: a user's files in --out are never removed or written over:
+    refused in one line naming the first of them in name order, with or without
+    --force; --force removes what our own records name, nothing else."""
+    raw = _write_corpus(tmp_path / "raw", 3, 5)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "part-notes.txt").write_text("mine")
+    (out / "part-00000.jsonl").write_text('{"text": "mine"}\n')
+    for force in (True, False):
+        with pytest.raises(CorpusError) as e:
+            tokenize(source_of(str(raw)), TOKENIZER, str(out), workers=1, force=force, quiet=True)
+        assert str(e.value) == (
+            f"data tokenize --out {out} holds 'part-00000.jsonl' (and 1 more), which is not a "
+            "file of a corpus boost_titan wrote: nothing of yours is written over or removed; "
+            "give a new or empty folder, or one holding only a corpus this command wrote"
+        )
+        assert sorted(p.name for p in out.iterdir()) == ["part-00000.jsonl", "part-notes.txt"]
+    # a corpus of ours of 3 parts replaced with --force by one of 1 part: the old parts go
+    monkeypatch.setattr(text_sources, "UNIT_BYTES", 1500)
+    ours = tmp_path / "ours"
+    first = tokenize(source_of(str(raw)), TOKENIZER, str(ours), workers=1, quiet=True)
+    assert len(first["parts"]) == 3
+    monkeypatch.setattr(text_sources, "UNIT_BYTES", 64 << 20)
+    other = _write_corpus(tmp_path / "other", 1, 4, seed=3)
+    (ours / "notes.txt").write_text("mine")
+    with pytest.raises(CorpusError, match=r"holds 'notes.txt', which is not a file of a corpus"):
+        tokenize(source_of(str(other)), TOKENIZER, str(ours), workers=1, force=True, quiet=True)
+    assert open_corpus(str(ours)).digest == first["digest"]  # untouched
+    (ours / "notes.txt").unlink()
+    (ours / "part-00001.bin.tmp.4242").write_bytes(b"a killed writer's")
+    second = tokenize(source_of(str(other)), TOKENIZER, str(ours), workers=1, force=True,
+                      quiet=True)  # fmt: skip
+    assert len(second["parts"]) == 1
+    assert sorted(p.name for p in ours.iterdir()) == [
+        "corpus.json", "part-00000.bin", "part-00000.blocks", "part-00000.idx",
+        "part-00000.json", "part-00001.bin.tmp.4242",
+    ]  # fmt: skip
+
+
+def test_out_inside_from_or_from_inside_out_is_refused(tmp_path):
+    """Issue 56 item 2: --out equal to, inside or holding --from (symbolic links resolved)
+    is one line before anything is written; so is a seal whose --out holds its input."""
+    from boost_titan.data.seal import seal
+
+    raw = _write_corpus(tmp_path / "raw", 2, 5)
+    (tmp_path / "link").symlink_to(raw)
+    before = sorted(p.name for p in raw.iterdir())
+    for out, where in ((raw, "is"), (raw / "tok", "is inside"), (tmp_path / "link" / "tok",
+                       "is inside"), (tmp_path, "holds")):  # fmt: skip
+        with pytest.raises(CorpusError) as e:
+            tokenize(source_of(str(raw)), TOKENIZER, str(out), workers=1, force=True, quiet=True)
+        assert str(e.value).startswith(f"data tokenize --out {out} {where} --from {raw} "), e
+        assert sorted(p.name for p in raw.iterdir()) == before
+    assert not (raw / "tok").exists()
+    _megatron(tmp_path / "m" / "web", 3)
+    with pytest.raises(CorpusError, match=r"data seal --out .*/m holds the input .*/m/web.idx"):
+        seal([str(tmp_path / "m" / "web")], TOKENIZER, str(tmp_path / "m"))
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["web.bin", "web.idx"]
+
+
+def test_a_part_is_checked_block_by_block_as_it_is_read(tmp_path):
+    """Issue 56 item 3: a byte changed in a sealed part (ids still in the vocabulary) is
+    refused at the first read of its block, naming the part and the block's bytes, and
+    not before; blocks are checked once; ids above the corpus' largest, a model's
+    vocabulary below it and a version-1 corpus (no block digests) are one line each."""
+    from boost_titan.data import part_blocks
+    from boost_titan.data.seal import seal
+    from boost_titan.data.tokenized import manifest_digest
+
+    docs = _megatron(tmp_path / "web", 120)
+    stream = np.concatenate(docs)
+    assert stream.nbytes > 3 * part_blocks.BLOCK  # blocks 0..3 at least
+    seal([str(tmp_path / "web")], TOKENIZER, str(tmp_path / "sealed"))
+    corpus = open_corpus(str(tmp_path / "sealed"))
+    reader = WindowReader(corpus, 1000)  # 2,000 bytes a window
+    assert reader.read(0).tolist() == stream[:1000].tolist()
+    assert reader.bytes_checked == part_blocks.BLOCK
+    reader.read(1)  # the same block: not read whole again
+    assert reader.bytes_checked == part_blocks.BLOCK and reader.bytes_read == 4000
+    bin_path = tmp_path / "web.bin"
+    data = bytearray(bin_path.read_bytes())
+    at = 2 * part_blocks.BLOCK + 101  # block 2; the id stays in the vocabulary
+    data[at] ^= 1
+    bin_path.write_bytes(bytes(data))
+    fresh = WindowReader(corpus, 1000)
+    assert fresh.read(0).tolist() == stream[:1000].tolist()  # block 0: still as sealed
+    window = (at // 2) // 1000
+    with pytest.raises(CorpusError) as e:
+        fresh.read(window)
+    assert str(e.value) == (
+        f"tokenized corpus {corpus.path}: {tmp_path / 'web'}.bin: its block 2 (bytes "
+        f"131072..196607) does not match the digest corpus.json records for it: the file "
+        "was damaged or edited since the corpus was made (make the corpus again)"
+    )
+    # ids above the corpus' largest, with digests forged to match: refused as read
+    data[at] ^= 1
+    data[at - 1 : at + 1] = np.array([65535], np.uint16).tobytes()
+    bin_path.write_bytes(bytes(data))
+    hasher = part_blocks.BlockHasher()
+    hasher.update(bytes(data))
+    (tmp_path / "sealed" / "part-00000.blocks").write_bytes(hasher.finish())
+    manifest = json.loads((tmp_path / "sealed" / MANIFEST).read_text())
+    import xxhash
+
+    manifest["parts"][0]["blocks"]["digest"] = xxhash.xxh3_128_hexdigest(hasher.finish())
+    manifest["digest"] = manifest_digest(manifest)
+    (tmp_path / "sealed" / MANIFEST).write_text(json.dumps(manifest))
+    forged = open_corpus(str(tmp_path / "sealed"))
+    with pytest.raises(CorpusError) as e:
+        WindowReader(forged, 1000).read(window)
+    top = forged.manifest["max_token"]
+    assert str(e.value) == (
+        f"tokenized corpus {corpus.path}: {tmp_path / 'web'}.bin: byte {at - 1} holds token "
+        f"id 65535, outside 0..{top} (the corpus' largest id, corpus.json): the part was "
+        "edited since the corpus was made"
+    )
+    with pytest.raises(CorpusError, match=rf"holds token id {top} and the model's vocabulary"):
+        _loader([forged], 1, 0, vocab_size=top)
+    manifest["version"] = 1
+    manifest["digest"] = manifest_digest(manifest)
+    (tmp_path / "sealed" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CorpusError) as e:
+        open_corpus(str(tmp_path / "sealed"))
+    assert str(e.value).endswith(
+        "corpus.json has version 1 (written before the digests per block that let training "
+        "check each part as it reads it); this boost_titan reads version 2: seal it again: "
+        "`boost-titan data seal` with the same prefixes"
+    )
+
+
+def test_fifos_and_folders_as_parts_are_refused_without_blocking(tmp_path, corpora):
+    """Issue 56 items 4 and 10: a FIFO as a corpus part, or as a Megatron .idx/.bin given
+    to seal, and a folder as a .bin, are one line saying what they are (never an open
+    that waits for a writer, never "does not exist")."""
+    from boost_titan.data.seal import seal
+
+    _, corpus = corpora[1]["a"]
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus.path, copy)
+    (copy / "part-00000.bin").unlink()
+    os.mkfifo(copy / "part-00000.bin")
+    _megatron(tmp_path / "web", 3)
+    os.rename(tmp_path / "web.bin", tmp_path / "kept.bin")
+    try:
+        _guard()
+        with pytest.raises(CorpusError) as e:
+            WindowReader(open_corpus(str(copy)), 17).read(0)
+        assert str(e.value) == (
+            f"tokenized corpus {copy}: {copy / 'part-00000.bin'} is a FIFO, not a regular file"
+        )
+        os.mkfifo(tmp_path / "web.bin")
+        with pytest.raises(CorpusError, match=r"web.bin is a FIFO, not a regular file$"):
+            seal([str(tmp_path / "web")], TOKENIZER, str(tmp_path / "s1"))
+        os.unlink(tmp_path / "web.bin")
+        os.mkdir(tmp_path / "web.bin")
+        with pytest.raises(CorpusError, match=r"web.bin is a directory, not a regular file$"):
+            seal([str(tmp_path / "web")], TOKENIZER, str(tmp_path / "s2"))
+        os.rename(tmp_path / "web.idx", tmp_path / "kept.idx")
+        os.mkfifo(tmp_path / "web.idx")
+        with pytest.raises(CorpusError, match=r"web.idx is a FIFO, not a regular file$"):
+            seal([str(tmp_path / "web")], TOKENIZER, str(tmp_path / "s3"))
+    finally:
+        import signal
+
+        signal.alarm(0)
+    assert not any((tmp_path / f"s{i}").exists() for i in (1, 2, 3))
+
+
+def test_a_blend_weight_is_bounded_before_it_is_made_exact():
+    """Issue 56 item 9: ``1e100000000`` (Fraction would build a 332-million-bit integer
+    first) is refused at once, in one line naming the value and the range."""
+    from boost_titan.data.loader import parse_blend
+
+    try:
+        _guard()
+        for weight, why in (("1e100000000", "is outside 1e-06..1e+06, the range of a blend "
+                             "weight"), ("1e-100000000", "is outside 1e-06..1e+06"),
+                            ("inf", "is not a number of at most 32 characters"),
+                            ("1" * 40, "is not a number of at most 32 characters")):  # fmt: skip
+            with pytest.raises(BlendError) as e:
+                parse_blend([f"{weight}:/data/web"])
+            assert str(e.value).startswith(
+                f"[training] dataset_blend entry '{weight}:/data/web': weight '{weight}' {why}"
+            ), str(e.value)
+    finally:
+        import signal
+
+        signal.alarm(0)
+    assert [w for w, _ in parse_blend(["1e6:/a", "1e-6:/b", "1/3:/c"])] == [
+        Fraction(10**6), Fraction(1, 10**6), Fraction(1, 3),
+    ]  # fmt: skip

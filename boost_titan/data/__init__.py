@@ -2,19 +2,24 @@
 
 datasets        the datasets a TOML names (``[training] dataset``): registered with
                 torchtitan's text loader (start here)
-local_text      your own corpus on disk: which files, the checks before the model is
-                built, the documents read from them (the one reader of corpus files)
-loader          which loader reads training (the global order) and validation (a
-                rank's share of ``local_text``; torchtitan's for the rest)
-order           the global order of packed windows: each rank's slice of a global
-                batch, the position that resumes it at any dp degree (arithmetic)
-sources         the documents of the global order, read from a position
-global_loader   the training loader: every rank packs the whole stream, keeps its
-                slice; DataLoader workers tokenize chunks in turn
-workers         DataLoader workers of torchtitan's loaders: refused over map-style data
-fingerprint     which files a streamed position was saved over, checked on resume
+loader          which tokenized corpora each section reads (raw text through the
+                cache), checked and agreed on by every rank; the loaders
+window_loader   the loader: each rank reads only the windows of its slice of a batch
+order           the global order: blend, shuffle, who reads what (arithmetic)
+tokenized       a tokenized corpus: its manifest (``corpus.json``) and the reader of its
+                windows, each block of a part checked the first time it is read
+part_blocks     a part's digests per 64 KiB block (``part-NNNNN.blocks``)
+tokenize        ``boost-titan data tokenize``: raw text into a tokenized corpus
+seal            ``boost-titan data seal``: Megatron .bin/.idx files made a corpus
+indexed         Megatron's .bin/.idx format, read and written
+out_folder      what tokenize and seal may write or remove in --out: our own files only
+files           regular files only (no FIFO opened to block), paths resolved
+cache           raw text tokenized once into a cache folder
+text_sources    raw text that tokenize reads (files, saved datasets), in units
+local_text      your own corpus on disk: which files, their checks, their documents
+calibration     from-dense's calibration sample
 tokenizer       byte-level BPE training and its checks (BOS=0, EOS=1)
 user_tokenizer  a tokenizer trained on your own files (``boost-titan data tokenizer``)
 corpus/         the embedded English corpus, built from pinned package artifacts
-cli             ``boost-titan data build|info|tokenizer``
+cli             ``boost-titan data build|info|tokenizer|tokenize|seal``
 """

@@ -3,9 +3,15 @@ tokenized once into a cache, so that training has one reader: the tokenized corp
 (``boost_titan.data.window_loader``).
 
 The cache folder of a source is ``ROOT/<key>``, the key a digest of the source's
-identity (paths, sizes and modification times of its files, or a saved dataset's
-fingerprint; the holdout rule and text field) and the tokenizer's: another file, edit
-or tokenizer is another folder, never a stale hit. ``ROOT`` is ``[training]
+identity (where its files really are, symbolic links resolved, their sizes and
+modification times, or a saved dataset's resolved folder and fingerprint; the holdout
+rule and text field), the tokenizer's and the corpus format's version: another file,
+edit, tokenizer or version is another folder, never a stale hit, and the same files
+reached through a link are the same folder (no second tokenization). The same files
+under another mount point are another key (tokenized once more): a key without the
+path would have to trust sizes and times alone (two splits cut in the same second to
+the same sizes would share one), or inode numbers, which differ between the nodes of a
+cluster that share one cache. ``ROOT`` is ``[training]
 dataset_cache``, else ``$BOOST_TITAN_DATA_CACHE``, else ``~/.cache/boost_titan/tokenized``;
 the embedded corpus' splits live in ``data/boost_corpus/tokenized`` (``make data`` fills
 it). The first process to need a corpus tokenizes it (every core, a progress line)
@@ -25,10 +31,17 @@ import shutil
 
 from torchtitan.tools.logging import logger
 
+from boost_titan.data.files import real
 from boost_titan.data.local_text import CorpusError
 from boost_titan.data.text_sources import FileText
 from boost_titan.data.tokenize import tokenize, tokenizer_identity
-from boost_titan.data.tokenized import MANIFEST, TokenizedCorpus, digest_of, open_corpus
+from boost_titan.data.tokenized import (
+    MANIFEST,
+    VERSION,
+    TokenizedCorpus,
+    digest_of,
+    open_corpus,
+)
 
 ENV_CACHE = "BOOST_TITAN_DATA_CACHE"
 
@@ -40,11 +53,20 @@ def cache_root(configured: str = "") -> str:
 
 
 def cache_key(source, tokenizer_dir: str) -> str:
+    """The cache folder's name of ``source`` tokenized with ``tokenizer_dir`` (module
+    docstring): where the files really are (symbolic links resolved), their sizes and
+    modification times, the tokenizer's digest and the corpus format's version."""
     identity = source.identity()
     if isinstance(source, FileText):  # an edit in place at the same size is another key
-        identity["mtimes"] = [os.stat(f).st_mtime_ns for f in source.corpus.files]
+        root = real(source.corpus.path)
+        identity["files"] = [
+            [os.path.relpath(real(f), root), st.st_size, st.st_mtime_ns]
+            for f, st in ((f, os.stat(f)) for f in source.corpus.files)
+        ]
+    if os.path.exists(identity.get("path", "")):
+        identity["path"] = real(identity["path"])
     tok = tokenizer_identity(tokenizer_dir)["digest"]
-    return digest_of({"source": identity, "tokenizer": tok})[:20]
+    return digest_of({"source": identity, "tokenizer": tok, "version": VERSION})[:20]
 
 
 def ensure(source, tokenizer_dir: str, root: str, quiet: bool = False) -> TokenizedCorpus:

@@ -105,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         "--tokenizer", required=True, metavar="DIR", help="tokenizer folder (tokenizer.json)"
     )
     k.add_argument(
-        "--out", required=True, metavar="DIR", help="the tokenized corpus folder to write"
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="the tokenized corpus folder to write: new, empty or holding only a corpus of "
+        "ours, outside --from",
     )
     k.add_argument(
         "--text-field",
@@ -127,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument(
         "--force",
         action="store_true",
-        help="replace a corpus of another source or tokenizer in --out",
+        help="replace a corpus of another source or tokenizer in --out (removes only the "
+        "files its corpus.json and part records list)",
     )
 
     e = sub.add_parser(
@@ -143,7 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         help="path prefix (or .bin/.idx path) of each dataset",
     )
     e.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer the ids are of")
-    e.add_argument("--out", required=True, metavar="DIR", help="folder for corpus.json")
+    e.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="folder for corpus.json and the block digests: new, empty or a sealed corpus of "
+        "ours, not the inputs' folder",
+    )
 
     args = parser.parse_args(argv)
     if args.cmd == "tokenizer":

@@ -31,6 +31,7 @@ import struct
 
 import numpy as np
 
+from boost_titan.data.files import open_regular
 from boost_titan.data.local_text import CorpusError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -86,12 +87,14 @@ class Index:
 def read_index(path: str) -> Index:
     """The header of an ``.idx``, checked against the file's size (a truncated index or
     another format is one line)."""
+    fd = open_regular(path, "Megatron index ")  # a FIFO: one line, not a blocked open
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(_HEAD.size)
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, _HEAD.size, 0)
     except OSError as e:
         raise CorpusError(f"cannot read Megatron index {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
     if len(head) < _HEAD.size or not head.startswith(MAGIC):
         raise CorpusError(
             f"{path} is not a Megatron .idx file (it does not start with {MAGIC!r}; {size} bytes)"
@@ -117,10 +120,10 @@ def read_index(path: str) -> Index:
     return Index(path, np.dtype(DTYPES[code]), sequences, documents, _HEAD.size)
 
 
-def contiguous_tokens(index: Index, bin_path: str) -> int:
+def contiguous_tokens(index: Index, bin_path: str, size: int) -> int:
     """The token count of a ``.bin`` whose sequences lie back to back from byte 0 (the
     only layout the window reader reads: a window is a byte range), checked against
-    the index and the file size; else one line saying which."""
+    the index and the file's ``size``; else one line saying which."""
     lengths = index.lengths.astype(np.int64)
     item = index.dtype.itemsize
     tokens = int(lengths.sum())
@@ -136,7 +139,6 @@ def contiguous_tokens(index: Index, bin_path: str) -> int:
                 "the token stream must be byte ranges of the .bin; rewrite it with "
                 "`boost-titan data tokenize`"
             )
-    size = os.path.getsize(bin_path)
     if size != tokens * item:
         raise CorpusError(
             f"{bin_path} is {size} bytes; its index says {tokens} tokens of "

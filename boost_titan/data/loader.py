@@ -220,9 +220,11 @@ def _same_as_rank0(mine: str) -> bool:
     return not differs.item()
 
 
-def _build(job_config, section, dp_world_size, dp_rank, infinite, **kwargs):
+def _build(job_config, section, dp_world_size, dp_rank, infinite, tokenizer=None, **kwargs):
     """A WindowLoader over ``[section]``'s data, checked and agreed on by every rank."""
     s = getattr(job_config, section)
+    vocab = getattr(tokenizer, "get_vocab_size", None)
+    kwargs["vocab_size"] = vocab() if vocab else None
     try:
         found = resolve(job_config, section)
         if found is None:
@@ -246,7 +248,7 @@ def _build(job_config, section, dp_world_size, dp_rank, infinite, **kwargs):
 def build_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=True):
     """The TrainSpec's ``build_dataloader_fn`` (module docstring)."""
     t = job_config.training
-    loader = _build(job_config, "training", dp_world_size, dp_rank, infinite,
+    loader = _build(job_config, "training", dp_world_size, dp_rank, infinite, tokenizer,
                     local_batch_size=t.local_batch_size, seed=t.dataset_seed,
                     shuffle=t.dataset_shuffle, **asdict(t.dataloader))  # fmt: skip
     if loader is None:
@@ -257,7 +259,7 @@ def build_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=Tru
 def build_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=False):
     """torchtitan's Validator builds its loader by this name (see :func:`install`)."""
     v = job_config.validation
-    loader = _build(job_config, "validation", dp_world_size, dp_rank, infinite,
+    loader = _build(job_config, "validation", dp_world_size, dp_rank, infinite, tokenizer,
                     local_batch_size=v.local_batch_size, shuffle=False, validation=True,
                     **asdict(v.dataloader))  # fmt: skip
     if loader is None:

@@ -44,6 +44,8 @@ import numpy as np
 
 VERSION = 2  # of the saved position's layout (1: the packed stream of older releases)
 MAX_PERIOD = 100_000  # samples in one period of the blend pattern, at most
+MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6  # a blend weight's range (shares differ by 1e12 at most)
+WEIGHT_CHARS = 32  # a blend weight's text, at most
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -52,13 +54,31 @@ class BlendError(ValueError):
 
 
 def parse_weight(text: str, where: str) -> Fraction:
+    """A blend weight: a number (``0.7``, ``3``, ``2.5e-3``, ``1/3``) of at most
+    :data:`WEIGHT_CHARS` characters, between :data:`MIN_WEIGHT` and :data:`MAX_WEIGHT`:
+    exact as written, bounded before it is made exact (``Fraction("1e100000000")`` would
+    build a 332-million-bit integer first)."""
+    text = text.strip()
+    valid = f"a number of at most {WEIGHT_CHARS} characters (e.g. 0.7, 3 or 1/3)"
     try:
-        value = Fraction(text.strip())
-    except (ValueError, ZeroDivisionError):
-        raise BlendError(f"{where}: weight {text!r} is not a number (e.g. 0.7 or 3)") from None
-    if value <= 0:
+        if len(text) > WEIGHT_CHARS:
+            raise ValueError
+        # "P/Q" holds two integers of at most 32 digits: exact at once; a decimal is
+        # bounded as a float first, and made exact only once in range
+        approx = float(Fraction(text)) if "/" in text else float(text)
+        if not math.isfinite(approx) and text.lower().lstrip("+-")[:3] in ("inf", "nan"):
+            raise ValueError  # (a finite text past a float's range: outside the range)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        raise BlendError(f"{where}: weight {text!r} is not {valid}") from None
+    zero = approx == 0 and not any(c in "123456789" for c in text.lower().split("e")[0])
+    if approx < 0 or zero:
         raise BlendError(f"{where}: weight {text!r} must be > 0 (drop the corpus instead)")
-    return value
+    if not MIN_WEIGHT <= approx <= MAX_WEIGHT:
+        raise BlendError(
+            f"{where}: weight {text!r} is outside {MIN_WEIGHT:g}..{MAX_WEIGHT:g}, the range "
+            "of a blend weight"
+        )
+    return Fraction(text)
 
 
 class Blend:

@@ -4,14 +4,22 @@ tokenized``), once, on every local core or on many machines.
 **Plan.** The source's units (``boost_titan.data.text_sources``) are grouped in order
 into parts of about :data:`~boost_titan.data.text_sources.UNIT_BYTES` of input; part
 ``p`` is ``part-{p:05d}.bin/.idx`` (Megatron's format, one document per sequence: BOS +
-its tokens + EOS, as torchtitan's text dataset tokenizes a document). The plan and its
-digest depend only on the source and the tokenizer.
+its tokens + EOS, as torchtitan's text dataset tokenizes a document) and
+``part-{p:05d}.blocks`` (its digests per block, ``boost_titan.data.part_blocks``). The
+plan and its digest depend only on the source and the tokenizer.
+
+**Where.** ``--out`` must lie outside ``--from`` and not hold it (symbolic links
+resolved), and hold nothing but a corpus of ours (``boost_titan.data.out_folder``):
+anything else in it is refused in one line naming it, before anything is written.
+``--force`` replaces a corpus of ours by removing what our own records name, nothing
+else.
 
 **Work.** ``--workers N`` processes (default: every core) take parts in turn; ``--shard
-i/n`` takes only parts ``p % n == i`` (one machine of ``n``). A part is written under a
-temporary name, renamed, and its record (``part-NNNNN.json``: counts, sizes, digests)
-written last: a killed run leaves at most temporary files, and a rerun with the same
-arguments keeps every finished part of the same plan and does the rest.
+i/n`` takes only parts ``p % n == i`` (one machine of ``n``). A part is written under
+temporary names, its record (``part-NNNNN.json``: counts, sizes, digests) written, then
+its files renamed, block digests last: a killed run leaves temporary files or a part
+whose digests do not match its record, and a rerun with the same arguments keeps every
+finished part of the same plan and does the rest.
 
 **Merge.** When every part is done (after the last shard, or ``--merge``: no work, only
 the check), ``corpus.json`` is written (temporary name, rename): the corpus exists from
@@ -30,9 +38,12 @@ import time
 from typing import Any
 
 import numpy as np
+import xxhash
 
-from boost_titan.data import indexed
+from boost_titan.data import indexed, out_folder, part_blocks, text_sources
+from boost_titan.data.files import overlap, read_regular
 from boost_titan.data.local_text import CorpusError
+from boost_titan.data.text_sources import Unit
 from boost_titan.data.tokenized import (
     FORMAT,
     MANIFEST,
@@ -41,8 +52,6 @@ from boost_titan.data.tokenized import (
     manifest_digest,
     open_corpus,
 )
-from boost_titan.data import text_sources
-from boost_titan.data.text_sources import Unit
 
 _BATCH = 512  # documents encoded at a time (tokenizers' encode_batch)
 
@@ -53,7 +62,6 @@ _BATCH = 512  # documents encoded at a time (tokenizers' encode_batch)
 
 def tokenizer_identity(folder: str) -> dict[str, Any]:
     """A tokenizer folder's identity: digests of its files, its BOS/EOS ids, vocabulary."""
-    import xxhash
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -121,20 +129,25 @@ class Job:
 
     def done(self, p: int) -> dict[str, Any] | None:
         """The record of a finished part of this plan, or None."""
+        prefix = self.prefix(p)
         try:
-            with open(self.prefix(p) + ".json") as f:
+            with open(prefix + ".json") as f:
                 record = json.load(f)
-            ok = record.get("plan") == self.plan and all(
-                os.path.getsize(self.prefix(p) + s) == record[k]
-                for s, k in ((".bin", "bin_bytes"), (".idx", "idx_bytes"))
+            ok = (
+                record.get("plan") == self.plan
+                and part_blocks.check_entry(record.get("blocks")) is None
+                and all(
+                    os.path.getsize(prefix + s) == record[k]
+                    for s, k in ((".bin", "bin_bytes"), (".idx", "idx_bytes"))
+                )
+                and xxhash.xxh3_128_hexdigest(read_regular(prefix + part_blocks.SUFFIX))
+                == record["blocks"]["digest"]
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, CorpusError):
             return None
         return record if ok else None
 
     def run_part(self, p: int) -> dict[str, Any]:
-        import xxhash
-
         if self._tok is None:
             from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
@@ -142,6 +155,7 @@ class Job:
         prefix, tmp = self.prefix(p), f".tmp.{os.getpid()}"
         writer = indexed.IndexWriter(prefix + ".bin" + tmp, self.dtype)
         bin_digest, text_digest = xxhash.xxh3_128(), xxhash.xxh3_128()
+        blocks = part_blocks.BlockHasher()
         max_token, batch = -1, []
 
         def flush():
@@ -150,7 +164,9 @@ class Job:
                 tokens = np.asarray(ids, np.int64)
                 if len(tokens):
                     max_token = max(max_token, int(tokens.max()))
-                bin_digest.update(writer.add(tokens))
+                data = writer.add(tokens)
+                bin_digest.update(data)
+                blocks.update(data)
             batch.clear()
 
         for unit in self.parts[p]:
@@ -162,21 +178,25 @@ class Job:
                     flush()
         flush()
         writer.finish(prefix + ".idx" + tmp)
-        os.replace(prefix + ".bin" + tmp, prefix + ".bin")
-        os.replace(prefix + ".idx" + tmp, prefix + ".idx")
         record = {
             "part": p,
             "plan": self.plan,
             "documents": len(writer.lengths),
             "tokens": writer.tokens,
-            "bin_bytes": os.path.getsize(prefix + ".bin"),
-            "idx_bytes": os.path.getsize(prefix + ".idx"),
+            "bin_bytes": os.path.getsize(prefix + ".bin" + tmp),
+            "idx_bytes": os.path.getsize(prefix + ".idx" + tmp),
             "digest": bin_digest.hexdigest(),
+            "blocks": part_blocks.write(prefix + part_blocks.SUFFIX + tmp, blocks.finish()),
             "text_digest": text_digest.hexdigest(),
             "max_token": max_token,
             "input_bytes": sum(u.bytes for u in self.parts[p]),
         }
+        # the record first: it makes the part's files ours (boost_titan.data.out_folder)
+        # before they have their names; the block digests renamed last, so that a part
+        # whose digests match its record has every file of this run (done)
         _write_json(prefix + ".json", record)
+        for suffix in (".bin", ".idx", part_blocks.SUFFIX):
+            os.replace(prefix + suffix + tmp, prefix + suffix)
         return record
 
     def manifest(self, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -203,6 +223,7 @@ class Job:
                     "bin_bytes": r["bin_bytes"],
                     "idx_bytes": r["idx_bytes"],
                     "digest": r["digest"],
+                    "blocks": r["blocks"],
                 }
                 for r in records
             ],  # fmt: skip
@@ -279,24 +300,34 @@ def tokenize(
     """Tokenize ``source`` into ``out`` (module docstring); the manifest once the corpus is
     complete, None while other shards' parts are missing."""
     global _JOB
+    where = overlap(out, source.path) if os.path.exists(source.path) else None
+    if where:
+        raise CorpusError(
+            f"data tokenize --out {out} {where} --from {source.path} (symbolic links "
+            "resolved): the corpus would be written among the text it is made from; give "
+            "--out a folder outside --from"
+        )
     source.check()  # an empty or unreadable source: one line, nothing written
     job = Job(source, tokenizer_dir, out)
     if not job.parts:
         raise CorpusError(f"{source.path!r} holds no documents: nothing to tokenize")
-    existing = os.path.join(out, MANIFEST)
-    if os.path.isfile(existing):
-        corpus = open_corpus(out)
-        if corpus.manifest.get("plan") == job.plan and not force:
-            return corpus.manifest
-        if not force:
+    old = out_folder.own_manifest(out)
+    if old is not None and not force:
+        if old.get("version") == VERSION and old.get("plan") == job.plan:
+            return open_corpus(out).manifest  # done: nothing to do
+        if old.get("plan") != job.plan:
+            src = old.get("source") if isinstance(old.get("source"), dict) else {}
             raise CorpusError(
                 f"{out} already holds a tokenized corpus of another source or tokenizer "
-                f"({corpus.describe()}); choose another output folder or pass --force"
+                f"({old.get('documents')} documents, {old.get('tokens')} tokens, tokenized "
+                f"from {src.get('kind')} {src.get('path')!r}); choose another output folder "
+                "or pass --force"
             )
-    if force:
-        for name in os.listdir(out) if os.path.isdir(out) else []:
-            if name == MANIFEST or name.startswith("part-"):
-                os.remove(os.path.join(out, name))
+    names = out_folder.check_out(out, "data tokenize")
+    if force:  # what our own records name, nothing else (boost_titan.data.out_folder)
+        out_folder.remove(out, out_folder.own_files(out, names))
+    elif old is not None:  # this plan, an older version: its parts made again
+        out_folder.remove(out, {MANIFEST})
     os.makedirs(out, exist_ok=True)
     index, count = shard
     mine = [p for p in range(len(job.parts)) if p % count == index]
@@ -335,5 +366,5 @@ def tokenize(
             f"{out}: token id {manifest['max_token']} is at or above the tokenizer's "
             f"vocabulary size {job.tokenizer['vocab_size']}"
         )
-    _write_json(existing, manifest)
+    _write_json(os.path.join(out, MANIFEST), manifest)
     return manifest

@@ -1,6 +1,9 @@
 """The loader of tokenized corpora, training's and validation's: each data-parallel rank
 reads only the windows of its slice of each global batch (``boost_titan.data.order``),
-by ``pread`` from the corpora's ``.bin`` files (``boost_titan.data.tokenized``).
+by ``pread`` from the corpora's ``.bin`` files (``boost_titan.data.tokenized``), each
+block of a part checked against its digest the first time it is read, and no corpus
+whose largest token id is outside ``vocab_size`` (the tokenizer's: the model's is at
+least that, checked at launch) read at all.
 
 Per rank and step it reads ``local_batch_size x (seq_len + 1)`` tokens and computes
 their places arithmetically: what it reads, its CPU time and its memory do not depend
@@ -88,6 +91,7 @@ class WindowLoader(BaseDataLoader):
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
         pin_memory: bool = False,
+        vocab_size: int | None = None,
     ):
         self.dataset_name, self.corpora, self.weights = name, list(corpora), list(weights)
         self.seq_len, self.window = seq_len, seq_len + 1
@@ -112,7 +116,7 @@ class WindowLoader(BaseDataLoader):
                     f"seq_len + 1 = {self.window}"
                 )
         self.order = Order(counts, Blend(self.weights), seed, shuffle)
-        self.readers = [WindowReader(c, self.window) for c in self.corpora]
+        self.readers = [WindowReader(c, self.window, vocab_size) for c in self.corpora]
         self.global_batch = local_batch_size * dp_world_size
         if validation and not infinite and counts[0] < self.global_batch:
             raise CorpusError(
