@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
     k = sub.add_parser(
         "tokenize",
-        help="tokenize raw text once into a tokenized corpus (Megatron .bin/.idx parts + corpus.json)",
+        help="tokenize raw text once into a tokenized corpus "
+        "(Megatron .bin/.idx parts + corpus.json)",
         description="Tokenize a .jsonl/.json/.txt/.parquet file, a folder of them or a "
         "save_to_disk folder into a tokenized corpus that [training] dataset = 'tokenized' "
         "reads. Every local core by default; several machines with --shard i/n (the same "

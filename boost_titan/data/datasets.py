@@ -28,10 +28,8 @@ import os
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS
 
-from boost_titan.data import loader
-from boost_titan.data import local_text
+from boost_titan.data import loader, local_text
 from boost_titan.data.corpus.manifest import BUILD_HINT as _BUILD_HINT
-
 
 
 def _corpus_split(split: str) -> str:

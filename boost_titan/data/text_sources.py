@@ -107,8 +107,12 @@ class SavedText:
         size = int(getattr(data, "dataset_size", 0) or data.data.nbytes or 1)
         per_unit = max(1, rows * UNIT_BYTES // max(size, 1))
         return [
-            Unit(f"rows {lo}..{min(rows, lo + per_unit) - 1}",
-                 size * (min(rows, lo + per_unit) - lo) // max(rows, 1), lo, min(rows, lo + per_unit))
+            Unit(
+                f"rows {lo}..{min(rows, lo + per_unit) - 1}",
+                size * (min(rows, lo + per_unit) - lo) // max(rows, 1),
+                lo,
+                min(rows, lo + per_unit),
+            )
             for lo in range(0, rows, per_unit)
         ]  # fmt: skip
 

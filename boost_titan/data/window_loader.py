@@ -152,7 +152,8 @@ class WindowLoader(BaseDataLoader):
             kwargs = {"prefetch_factor": self.prefetch_factor} if self.prefetch_factor else {}
             rows = iter(DataLoader(_Batches(self, start), batch_size=None, sampler=batches,
                                    num_workers=self.num_workers,
-                                   persistent_workers=self.persistent_workers, **kwargs))  # fmt: skip
+                                   persistent_workers=self.persistent_workers,
+                                   **kwargs))  # fmt: skip
         else:
             rows = (self.read_batch(self.samples_of(start, b)) for b in batches)
         for b, x in enumerate(rows):
@@ -206,7 +207,7 @@ class WindowLoader(BaseDataLoader):
             ]
             what = f"a blend of {len(self.corpora)} tokenized corpora ({', '.join(share)})"
         order = (
-            "shuffled windows (seed %d)" % self.seed if self.shuffle else "windows in corpus order"
+            f"shuffled windows (seed {self.seed})" if self.shuffle else "windows in corpus order"
         )
         line = (
             f"{self.dataset_name}: {what}; {order} of {self.window} tokens; a global batch is "
@@ -274,7 +275,8 @@ def differences(
     phrase each."""
     out = []
     for key, what in (("seq_len", "seq_len"), ("seed", "[training] dataset_seed"),
-                      ("shuffle", "[training] dataset_shuffle"), ("weights", "the blend's weights")):  # fmt: skip
+                      ("shuffle", "[training] dataset_shuffle"),
+                      ("weights", "the blend's weights")):  # fmt: skip
         if saved.get(key) != now[key]:
             out.append(f"{what} was {saved.get(key)!r}, now {now[key]!r}")
     was, now_c = saved.get("corpora") or [], now["corpora"]

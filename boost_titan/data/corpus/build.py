@@ -26,8 +26,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from boost_titan.data import tokenizer
 from boost_titan.data.corpus import fetch, loaders
@@ -154,7 +155,8 @@ def _build_into(tmp: Path, vocab_size: int, cache: Path) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "vocab_size": vocab_size,
         "tokenizer": {
-            "type": "byte-level BPE (tokenizers), ByteLevel pre-tokenizer add_prefix_space=False, trained on train",
+            "type": "byte-level BPE (tokenizers), ByteLevel pre-tokenizer "
+            "add_prefix_space=False, trained on train",
             "path": TOKENIZER_DIR,
             "bos_token": BOS_TOKEN,
             "bos_id": 0,

@@ -35,7 +35,8 @@ def _check_hash(src: Source, path: Path, where: str) -> None:
     actual = sha256_file(path)
     if actual != src.sha256:
         raise CorpusBuildError(
-            f"sha256 mismatch for artifact {src.filename} ({src.spec}, source {src.name!r}) {where}: "
+            f"sha256 mismatch for artifact {src.filename} ({src.spec}, source {src.name!r}) "
+            f"{where}: "
             f"expected {src.sha256}, got {actual}"
             + (f". Delete {path} to download it again." if where.startswith("in cache") else "")
         )

@@ -1,8 +1,9 @@
 """Per-source readers: turn each pinned archive into cleaned, de-duplicated documents.
 
 One ``load_<source>`` per artifact extracts its raw documents (format-specific parsing and
-cleaning); :func:`load_source` then applies the shared :func:`~boost_titan.data.corpus.clean.clean_text`,
-drops empty and exact-duplicate documents and sorts by doc_id.
+cleaning); :func:`load_source` then applies the shared
+:func:`~boost_titan.data.corpus.clean.clean_text`, drops empty and exact-duplicate
+documents and sorts by doc_id.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import hashlib
 import re
 import tarfile
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from boost_titan.data.corpus.clean import Doc, clean_text, decode_bytes
 from boost_titan.data.corpus.sources import CorpusBuildError, Source
@@ -112,7 +114,8 @@ def _literal_int_dict(node: ast.AST, what: str) -> dict[int, int]:
 
 
 def _enum_keyed_dict(node: ast.AST) -> list[tuple[str, Any]]:
-    """``{Book.GENESIS: <literal>, ...}`` -> [("GENESIS", literal), ...], without evaluating code."""
+    """``{Book.GENESIS: <literal>, ...}`` -> [("GENESIS", literal), ...], without evaluating
+    code."""
     if not isinstance(node, ast.Dict):
         raise CorpusBuildError("kjv: expected a dict literal")
     items = []

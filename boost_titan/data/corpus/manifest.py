@@ -28,7 +28,8 @@ TOKENIZER_DIR = "tokenizer"
 
 
 def default_corpus_dir() -> Path:
-    """``$BOOST_TITAN_DATA`` if set, else ``./data/boost_corpus`` (relative to the cwd), absolute."""
+    """``$BOOST_TITAN_DATA`` if set, else ``./data/boost_corpus`` (relative to the cwd),
+    absolute."""
     env = os.environ.get(ENV_DATA_DIR)
     path = Path(env).expanduser() if env else Path("data") / "boost_corpus"
     return path.absolute()

