@@ -5,7 +5,8 @@ documents of PATH one at a time (training's reader, ``local_text.read_documents`
 them to the same trainer as the embedded corpus' tokenizer (``tokenizer.train_tokenizer``:
 byte-level BPE, BOS/EOS ids 0/1) and writes DIR with ``tokenizer.json`` +
 ``tokenizer_config.json``: the folder ``[model] hf_assets_path`` takes. Memory follows the
-number of distinct words seen, not the corpus size; ``--sample-docs`` / ``--sample-bytes`` bound the text read.
+number of distinct words seen, not the corpus size; ``--sample-docs`` / ``--sample-bytes``
+bound the text read.
 
 The model's ``vocab_size`` is not taken from the tokenizer: it is the flavor's
 (``boost_titan.models.flavors``: 8192 for the debug models, 32000 from 60m up), and
