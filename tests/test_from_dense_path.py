@@ -24,6 +24,7 @@ import torch
 from helpers import REPO_ROOT
 from safetensors.torch import save_file
 
+from boost_titan.cli import checkpoint
 from boost_titan.cli import from_dense as cli
 
 DOCS = REPO_ROOT / "docs" / "from-dense.md"
@@ -84,7 +85,7 @@ def test_the_docs_llama32_1b_command_runs_as_written(tmp_path, monkeypatch, caps
     assert argv[:3] == [".venv/bin/boost-titan", "checkpoint", "from-dense"]
     folder = llama32_1b_folder(tmp_path / "path/to/Llama-3.2-1B")
     out = tmp_path / "outputs/svd_l32/step-0"
-    argv = [str(folder) if a == "path/to/Llama-3.2-1B" else a for a in argv[3:]]
+    argv = [str(folder) if a == "path/to/Llama-3.2-1B" else a for a in argv[2:]]
     argv = [str(out) if a == "outputs/svd_l32/step-0" else a for a in argv]
     assert "--model.flavor" not in argv and str(out) in argv
     written = {}
@@ -94,7 +95,9 @@ def test_the_docs_llama32_1b_command_runs_as_written(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(cli, "write_lazily", write)
     monkeypatch.chdir(REPO_ROOT)
-    assert cli.main(["--no-progress", *argv]) == 0, capsys.readouterr().err
+    with pytest.raises(SystemExit) as rc:
+        checkpoint.main(argv)
+    assert rc.value.code == 0, capsys.readouterr().err
     record = json.loads((out / "model_args.json").read_text())["model_args"]
     want = dict(
         arch="svd", dim=2048, n_layers=1, n_heads=32, n_kv_heads=8, ffn_dim=8192,
@@ -235,3 +238,53 @@ def test_a_killed_runs_folder_is_removed_only_when_its_marker_proves_it_ours(
     assert set(out.parent.iterdir()) == kept | {out, out.parent / "step-0.from_dense.json"}
     assert f"removed {dead}, left by a from-dense run that was killed" in capsys.readouterr().err
     assert MARKER not in os.listdir(out) and (out / "model_args.json").is_file()
+
+
+# ------------------------------------------------------------ the continue command
+def test_continue_seed_differs_from_the_dense_runs():
+    from boost_titan.checkpoint.from_dense.continue_training import continue_seed
+
+    assert continue_seed(0, 0) == 1 and continue_seed(3, 3) == 4  # the dense run's: next
+    assert continue_seed(5, 0) == 0  # the config's already differs
+    assert continue_seed(None, 0) == 1 and continue_seed(None, 7) == 8  # not recorded
+
+
+def test_the_printed_continue_command_runs_as_printed(corpus_dir, tmp_path, monkeypatch, capsys):
+    """From a dense step of ours (its data position records seed 0): the printed
+    command holds the measured schedule, 100 steps, a dump folder of its own and seed 1,
+    and the launch check accepts it as run_train.sh passes it (NGPU=1)."""
+    import pickle
+
+    from boost_titan.checkpoint.export import write_dcp_model
+    from boost_titan.models.flavors import flavors_for
+    from boost_titan.models.model import Transformer
+    from boost_titan.train.launch_check import parse_launch_config
+
+    torch.manual_seed(0)
+    state = Transformer(flavors_for("dense")["debugmodel"]).state_dict()
+    position = {"version": 2, "samples": 800, "seq_len": 256, "seed": 0, "shuffle": True}
+    src = tmp_path / "dense" / "step-200"
+    write_dcp_model({**state, "dataloader": {"position": pickle.dumps(position)}}, src)
+    out = tmp_path / "cola" / "step-0"
+    cfg = "train_configs/debug_svd.toml"
+    monkeypatch.chdir(REPO_ROOT)
+    with pytest.raises(SystemExit) as rc:
+        checkpoint.main(["from-dense", "--job.config_file", cfg, "--from", str(src),
+                         "--to", str(out), "--no-progress", "--threads", "1"])  # fmt: skip
+    assert rc.value.code == 0
+    text = capsys.readouterr().out.rstrip().splitlines()
+    assert "(the dense run's seed 0, recorded in its step)" in text[-2]
+    env, ngpu, launcher, *flags = shlex.split(text[-1])
+    assert (env, ngpu, launcher) == (f"CONFIG_FILE={cfg}", "NGPU=1", "./run_train.sh")
+    want = {
+        "--model.flavor": str(out), "--checkpoint.initial_load_path": str(out),
+        "--job.dump_folder": f"{out}-train", "--training.steps": "100",
+        "--optimizer.lr": "0.001", "--lr_scheduler.warmup_steps": "20",
+        "--training.dataset_seed": "1",
+    }  # fmt: skip
+    assert {k: flags[flags.index(k) + 1] for k in want} == want and "--checkpoint.enable" in flags
+    monkeypatch.setenv("WORLD_SIZE", "1")  # run_train.sh's check: NGPU x NNODES ranks
+    config = parse_launch_config(["--job.config_file", cfg, *flags])
+    assert (config.training.steps, config.training.dataset_seed) == (100, 1)
+    assert (config.optimizer.lr, config.lr_scheduler.warmup_steps) == (1e-3, 20)
+    assert config.checkpoint.initial_load_path == str(out) and config.checkpoint.enable

@@ -47,7 +47,11 @@ from pathlib import Path
 
 import torch
 
-from boost_titan.checkpoint.from_dense.continue_training import continue_command, world_size
+from boost_titan.checkpoint.from_dense.continue_training import (
+    continue_command,
+    dense_run_seed,
+    world_size,
+)
 from boost_titan.checkpoint.from_dense.convert import Converter, Options
 from boost_titan.checkpoint.from_dense.report import Progress, tables
 from boost_titan.checkpoint.from_dense.scratch import Stopped, scratch
@@ -302,6 +306,8 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
     )
     tp = o.tp or job_config.parallelism.tensor_parallel_degree
     plan = check_tp(target, tp, job_config.boost.tp_plan)
+    ours = isinstance(source, DCPSource)  # a dense step: its run's seed, for the next run's
+    dense_seed = dense_run_seed(o.src) if ours else None
 
     fit = o.fit == "activations" or (o.fit == "auto" and target.arch in ("cola", "lax"))
     n_seq = o.calib_sequences if o.calib_sequences is not None else (16 if fit else 0)
@@ -392,5 +398,6 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
         f"report {report_path}"
     )
     lr, ngpu = job_config.optimizer.lr, world_size(job_config.parallelism)
-    print(continue_command(o.config_file, str(out), lr, ngpu, isinstance(source, DCPSource)))
+    seed = job_config.training.dataset_seed
+    print(continue_command(o.config_file, str(out), lr, ngpu, ours, dense_seed, seed))
     return 0
