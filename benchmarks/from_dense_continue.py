@@ -51,12 +51,16 @@ def train_dense(out: Path, steps: int, threads: int) -> Path:
 
 
 def validation_windows() -> torch.Tensor:
-    """The whole tokenized validation split, in windows of 257 tokens."""
+    """The whole tokenized validation split, in windows of 257 tokens (the tokenized
+    copies of it, one per path the split was reached through, hold the same part)."""
     root = REPO / "data" / "boost_corpus" / "tokenized"
-    (folder,) = [
-        p.parent for p in root.glob("*/corpus.json") if 'boost_corpus/validation"' in p.read_text()
+    found = [
+        json.loads(p.read_text()) | {"folder": p.parent} for p in sorted(root.glob("*/corpus.json"))
     ]
-    ids = torch.from_numpy(np.fromfile(folder / "part-00000.bin", dtype=np.uint16).astype(np.int64))
+    copies = [c for c in found if c["source"]["path"].endswith("boost_corpus/validation")]
+    assert copies and len({c["parts"][0]["digest"] for c in copies}) == 1, copies
+    part = copies[0]["folder"] / "part-00000.bin"
+    ids = torch.from_numpy(np.fromfile(part, dtype=np.uint16).astype(np.int64))
     n = ids.numel() // 257
     return ids[: n * 257].view(n, 257)
 
