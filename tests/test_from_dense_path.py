@@ -4,10 +4,10 @@ runs as written, at the folder's widths; a stopped conversion leaves nothing bes
 schedule and a new data order.
 
 The Llama-3.2-1B-shaped folder has the real widths (hidden 2048, 32 heads, 8 kv heads,
-FFN 8192, tied embeddings, llama3 RoPE scaling), one block and the corpus' vocabulary
-(8192: the config's tokenizer must fit it, and no check depends on the vocabulary at
-TP 1); its weights are zeros: the checks read shapes only, and the SVDs are not run (a
-block at this width takes ~40 s of float64 SVD), the step is written without them.
+FFN 8192, tied embeddings, llama3 RoPE scaling), one block and a vocabulary of 1024 (no
+check depends on it at TP 1; 128256 would write 0.5 GB); its weights are zeros: the
+checks read shapes only, and the SVDs are not run (a block at this width takes ~40 s of
+float64 SVD), the step is written without them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from boost_titan.cli import checkpoint
 from boost_titan.cli import from_dense as cli
 
 DOCS = REPO_ROOT / "docs" / "from-dense.md"
-HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 2048, 32, 8, 8192, 8192
+HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 2048, 32, 8, 8192, 1024
 
 
 def llama32_1b_folder(
@@ -36,7 +36,7 @@ def llama32_1b_folder(
     random: bool = False,
 ) -> Path:  # fmt: skip
     """config.json as Meta's Llama-3.2-1B (widths, RoPE, tied embeddings), ``layers``
-    blocks, the corpus' vocabulary; zero (or ``random``) bf16 weights under
+    blocks, a vocabulary of 1024; zero (or ``random``) bf16 weights under
     transformers' names."""
     HIDDEN, FFN, HEADS = hidden, ffn, heads  # noqa: N806 (narrower models: the same layout)
     folder.mkdir(parents=True)
@@ -123,6 +123,11 @@ def test_a_rank_too_large_for_the_folder_names_its_shapes(tmp_path, monkeypatch,
     assert rc == 1 and "\n" not in err, err
     assert "rank = 4096 is too large" in err and "(dim 2048, ffn_dim 8192)" in err, err
     assert f"at the shapes of folder {str(folder)!r}" in err and "valid: 1 .. 2048" in err
+    # the TP degree too: 16 divides the folder's 32 heads (debugmodel has 8), not its 8 kv heads
+    rc = cli.main(["--job.config_file", "train_configs/debug_svd.toml", "--from", str(folder),
+                   "--to", str(out), "--rank", "512", "--tp", "16"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "\n" not in err and "does not divide n_kv_heads=8 (plan 'btp'" in err, err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["l32"]
 
 

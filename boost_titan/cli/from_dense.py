@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import os
 import resource
@@ -189,13 +188,15 @@ def _dcp_args(flavor: str, flavor_args: LlamaArgs) -> LlamaArgs:
 
 def _config_args(job_config, dense: LlamaArgs | None) -> tuple[LlamaArgs, LlamaArgs]:
     """(the config's model after its [boost] options, at ``dense``'s shapes when given;
-    the flavor as named, at its own shapes)."""
+    the flavor as named, at its own shapes). As the config check builds it: the
+    tokenizer's vocabulary is the training run's concern (its launch check), not the
+    conversion's."""
     from torchtitan.protocols.train_spec import get_train_spec
 
+    from boost_titan.train.config_check.model import _updated_args
+
     named = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
-    args = copy.deepcopy(named if dense is None else with_shapes(named, dense))
-    args.update_from_config(job_config)
-    return args, named
+    return _updated_args(named if dense is None else with_shapes(named, dense), job_config), named
 
 
 def check_tp(target: LlamaArgs, tp: int, plan_requested: str) -> str:
