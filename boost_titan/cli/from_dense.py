@@ -14,8 +14,9 @@ dense model's own, every one (``boost_titan.checkpoint.from_dense.target``), its
 the flavor's when the dense model has the flavor's shapes. The step records the model
 (``OUT/model_args.json``): train, resume and export it with ``--model.flavor OUT`` (and
 ``--checkpoint.initial_load_path OUT``), no rank repeated. The last line it prints is that
-training command, with the learning rate and warm-up recommended for a converted model
-(``boost_titan.checkpoint.from_dense.continue_training``).
+training command, to run as printed: its steps, the learning rate and warm-up recommended
+for a converted model, a dump folder of its own and, from one of our dense steps, another
+data seed than the dense run's (``boost_titan.checkpoint.from_dense.continue_training``).
 
 Checks come first, each failing in one line (exit 1; a bad option: exit 2) before
 anything is written: a folder that is not a dense LLaMA, a rank outside [1, min(in,
