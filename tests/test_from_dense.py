@@ -32,7 +32,11 @@ import pytest
 import torch
 from helpers import REPO_ROOT, assert_safe_metadata, run_main, run_training
 
-from boost_titan.checkpoint.from_dense.continue_training import CONTINUE_WARMUP, continue_lr
+from boost_titan.checkpoint.from_dense.continue_training import (
+    CONTINUE_STEPS,
+    CONTINUE_WARMUP,
+    continue_lr,
+)
 from boost_titan.checkpoint.from_dense.convert import Converter, Options, projection_path
 from boost_titan.checkpoint.from_dense.source import StateDictSource
 from boost_titan.checkpoint.from_dense.stream import write_lazily
@@ -202,9 +206,10 @@ def cola_from_hf(hf_llama, corpus_dir, tmp_path_factory) -> tuple[Path, dict]:
     lr, warmup = f"{continue_lr(3e-3):.3g}", CONTINUE_WARMUP  # the debug configs' lr 3e-3
     assert proc.stdout.rstrip().splitlines()[-1] == (
         f"  CONFIG_FILE={CONFIGS / 'debug_cola.toml'} NGPU=1 ./run_train.sh --model.flavor "
-        f"{out} --checkpoint.enable --checkpoint.initial_load_path {out} --optimizer.lr {lr} "
+        f"{out} --checkpoint.enable --checkpoint.initial_load_path {out} --job.dump_folder "
+        f"{out}-train --training.steps {CONTINUE_STEPS} --optimizer.lr {lr} "
         f"--lr_scheduler.warmup_steps {warmup}"
-    )
+    )  # from a Hugging Face folder: no dataset_seed (its data is new to the model)
     assert "the data starts from its first sample" in proc.stdout
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     return out, report
@@ -251,7 +256,9 @@ def test_llama2_dcp_converts_to_svd_and_trains_with_loro(corpus_dir, tmp_path):
     proc = _from_dense("--from", str(src), "--to", str(out), "--rank", "32",
                        config="debug_svd_loro.toml")  # fmt: skip
     assert "plain SVD" in proc.stdout and "activation error" not in proc.stdout
-    assert "the data restarts from its first sample: with the dense run's" in proc.stdout
+    # a model-only step records no data position: the config's seed 0 + 1
+    assert "the step records no data position (model-only): the config's seed 0 + 1" in proc.stdout
+    assert proc.stdout.rstrip().endswith("--training.dataset_seed 1")
     report = json.loads((out.parent / "step-0.from_dense.json").read_text())
     assert report["rank"] == 32 and not report["fit"] and report["calibration_tokens"] == 0
     run = run_training(

@@ -14,17 +14,22 @@ dense model's own, every one (``boost_titan.checkpoint.from_dense.target``), its
 the flavor's when the dense model has the flavor's shapes. The step records the model
 (``OUT/model_args.json``): train, resume and export it with ``--model.flavor OUT`` (and
 ``--checkpoint.initial_load_path OUT``), no rank repeated. The last line it prints is that
-training command, with the learning rate and warm-up recommended for a converted model
-(``boost_titan.checkpoint.from_dense.continue_training``).
+training command, to run as printed: its steps, the learning rate and warm-up recommended
+for a converted model, a dump folder of its own and, from one of our dense steps, another
+data seed than the dense run's (``boost_titan.checkpoint.from_dense.continue_training``).
 
 Checks come first, each failing in one line (exit 1; a bad option: exit 2) before
 anything is written: a folder that is not a dense LLaMA, a rank outside [1, min(in,
 out)], a tensor-parallel degree (``--tp``, default the config's) the plan cannot split
 the model by (``boost_titan.tp_plans.validate_tp_degree``: heads, dims and vocabulary
 under BTP, every rank as well under the vanilla plan), an existing output, ``--device
-cuda`` without CUDA. The step folder is written under a temporary name beside ``OUT``
-and renamed when complete; the per-block error report is printed and written beside it
-as ``OUT.from_dense.json``.
+cuda`` without CUDA. Every shape those checks use is the dense model's (a folder's
+config.json, a step's record; a trainer's step: the config's flavor), never the config
+flavor's: no ``--model.flavor`` is needed. The step folder is written under a temporary
+name beside ``OUT`` and renamed when complete; a run stopped by an exception, Ctrl-C,
+SIGTERM or SIGHUP removes it, and a killed run's is removed by the next run for ``OUT``
+(``boost_titan.checkpoint.from_dense.scratch``). The per-block error report is printed
+and written beside it as ``OUT.from_dense.json``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import contextlib
 import json
 import os
 import resource
-import shutil
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -42,12 +47,17 @@ from pathlib import Path
 
 import torch
 
-from boost_titan.checkpoint.from_dense.continue_training import continue_command, world_size
+from boost_titan.checkpoint.from_dense.continue_training import (
+    continue_command,
+    dense_run_seed,
+    world_size,
+)
 from boost_titan.checkpoint.from_dense.convert import Converter, Options
 from boost_titan.checkpoint.from_dense.report import Progress, tables
-from boost_titan.checkpoint.from_dense.source import DCPSource, open_source
+from boost_titan.checkpoint.from_dense.scratch import Stopped, scratch
+from boost_titan.checkpoint.from_dense.source import DCPSource, DenseSource, open_source
 from boost_titan.checkpoint.from_dense.stream import write_lazily
-from boost_titan.checkpoint.from_dense.target import target_args
+from boost_titan.checkpoint.from_dense.target import target_args, with_shapes
 from boost_titan.cli.args import Parser
 from boost_titan.data.calibration import RANDOM, calibration_tokens
 from boost_titan.models.args import LlamaArgs
@@ -157,18 +167,38 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def _dcp_args(src: str, flavor: str, flavor_args: LlamaArgs) -> LlamaArgs:
-    """A DCP step's dense shapes: its recorded model arguments (a step ``import`` wrote),
-    else the config's flavor as llama2 (the trainer's steps record none)."""
-    record = record_path(src)
-    if record is not None and Path(src).is_dir():
-        args = read_model_args(record)
-        if args.arch == "dense":
-            return replace(args, max_seq_len=flavor_args.max_seq_len)
+def _described(src: str) -> DenseSource | None:
+    """The dense model at ``src``, opened before the config is read, when the folder
+    gives its own shapes (a Hugging Face folder's config.json, a step's recorded
+    model_args.json): the config's model is checked at them. None for a trainer's step,
+    which records none: its shapes are the config's flavor's (:func:`_dcp_args`)."""
+    folder = Path(src)
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        record = record_path(src)
+        # a low-rank record's step is refused by DCPSource (it holds factors)
+        return None if record is None else DCPSource(folder, read_model_args(record))
+    return open_source(src, None)  # a Hugging Face folder, or the refusal of a non-folder
+
+
+def _dcp_args(flavor: str, flavor_args: LlamaArgs) -> LlamaArgs:
+    """A trainer's DCP step's dense shapes: the config's flavor as llama2."""
     dense = flavors_for("dense").get(flavor)
     if dense is None:  # a flavor path: its shapes, as the dense model
         dense = replace(flavor_args, arch="dense", rank=0, kv_rank=0)
     return replace(dense, max_seq_len=flavor_args.max_seq_len)
+
+
+def _config_args(job_config, dense: LlamaArgs | None) -> tuple[LlamaArgs, LlamaArgs]:
+    """(the config's model after its [boost] options, at ``dense``'s shapes when given;
+    the flavor as named, at its own shapes). As the config check builds it: the
+    tokenizer's vocabulary is the training run's concern (its launch check), not the
+    conversion's."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from boost_titan.train.config_check.model import _updated_args
+
+    named = get_train_spec(job_config.model.name).model_args[job_config.model.flavor]
+    return _updated_args(named if dense is None else with_shapes(named, dense), job_config), named
 
 
 def check_tp(target: LlamaArgs, tp: int, plan_requested: str) -> str:
@@ -231,16 +261,29 @@ def main(argv: list[str] | None = None) -> int:
     ) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
-    except BaseException as e:  # DCP wraps a checksum mismatch found while it reads
+    except BaseException as e:  # DCP wraps what its writes raise, Ctrl-C and SIGTERM too
+        if (stop := _stop_in(e)) is not None:
+            signum = getattr(stop, "signum", signal.SIGINT)
+            print(
+                f"{PROG}: stopped by {signal.Signals(signum).name}; its temporary folder "
+                f"beside {o.dst} is removed",
+                file=sys.stderr,
+            )
+            return 128 + signum
         if (bad := integrity.mismatch_in(e)) is None:
             raise
         print(f"{PROG}: error: {bad}", file=sys.stderr)
         return 1
 
 
+def _stop_in(exc: BaseException) -> BaseException | None:
+    """Ctrl-C or SIGTERM / SIGHUP (:class:`Stopped`), raised or inside DCP's
+    CheckpointException (it gathers each rank's failure, BaseExceptions too)."""
+    failures = [f for f, _trace in (getattr(exc, "failures", None) or {}).values()]
+    return next((f for f in (exc, *failures) if isinstance(f, (KeyboardInterrupt, Stopped))), None)
+
+
 def _run(o: argparse.Namespace, rest: list[str]) -> int:
-    from boost_titan.checkpoint.export import model_for
-    from boost_titan.checkpoint.files import new_tmp
     from boost_titan.train.config_check import parse_config
 
     t0 = time.perf_counter()
@@ -248,18 +291,26 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
     if out.exists():
         raise FileExistsError(f"{o.dst!r} exists; from-dense writes a new checkpoint folder")
     device = _device(o.device)
-    job_config = parse_config(rest, layout=False)  # the model only: any layout loads it
+    described = _described(o.src)
+    shapes = None if described is None else (described.where, described.args)
+    # the model only (any layout loads it), at the shapes of --from: every check of the
+    # rank, the options and the TP degree is against the model written
+    job_config = parse_config(rest, layout=False, shapes=shapes)
     name, flavor = job_config.model.name, job_config.model.flavor
     if MODEL_ARCH.get(name, "dense") == "dense":
         raise ValueError(
             f"[model] name {name!r}: from-dense writes a low-rank model, one of {LOW_RANK_MODELS}"
         )
-    flavor_args, _ = model_for(job_config)
+    flavor_args, named = _config_args(job_config, shapes and shapes[1])
     model_desc = f"model {name!r} flavor {flavor!r}"
-    source = open_source(o.src, _dcp_args(o.src, flavor, flavor_args))
-    target = target_args(source.args, flavor_args, job_config.boost, source.where, model_desc)
+    source = described or open_source(o.src, _dcp_args(flavor, flavor_args))
+    target = target_args(
+        source.args, flavor_args, job_config.boost, source.where, model_desc, named
+    )
     tp = o.tp or job_config.parallelism.tensor_parallel_degree
     plan = check_tp(target, tp, job_config.boost.tp_plan)
+    ours = isinstance(source, DCPSource)  # a dense step: its run's seed, for the next run's
+    dense_seed = dense_run_seed(o.src) if ours else None
 
     fit = o.fit == "activations" or (o.fit == "auto" and target.arch in ("cola", "lax"))
     n_seq = o.calib_sequences if o.calib_sequences is not None else (16 if fit else 0)
@@ -302,45 +353,43 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
         progress = Progress(7 * target.n_layers, target.n_layers, enabled=not o.no_progress)
         converter = Converter(source, target, options, tokens, progress.advance)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = new_tmp(out, folder=True)
         report_path = _report_path(out)
         tmp_report = report_path.parent / f".{report_path.name}.tmp"
         try:
-            write_lazily(tmp, converter.shapes, converter.get)
-            write_model_args(tmp, target)  # what later runs read: --model.flavor OUT
-            progress.close()
-            report = {
-                "source": str(Path(o.src).resolve()),
-                "output": str(out.resolve()),
-                "model": name,
-                "flavor": flavor,
-                "model_args": args_record(target)["model_args"],
-                "arch": target.arch,
-                "rank": target.rank,
-                "kv_rank": target.effective_kv_rank,
-                "latent_act": target.activation,
-                "swiglu": target.swiglu,
-                "lax_gate": target.lax_gate if target.arch == "lax" else None,
-                "checked_tp": {"degree": tp, "plan": plan},
-                "fit": fit,
-                "fit_steps": o.fit_steps if fit else 0,
-                "svd_dtype": o.svd_dtype,
-                "device": str(device),
-                "threads": torch.get_num_threads(),
-                "notes": notes,
-                **converter.report,
-                "seconds": round(time.perf_counter() - t0, 2),
-                "peak_rss_gib": round(
-                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3
-                ),
-            }
-            tmp_report.write_text(json.dumps(report, indent=1) + "\n")
-            os.replace(tmp, out)
-            os.replace(tmp_report, report_path)
+            with scratch(out) as tmp:
+                write_lazily(tmp.path, converter.shapes, converter.get)
+                write_model_args(tmp.path, target)  # what later runs read: --model.flavor OUT
+                progress.close()
+                report = {
+                    "source": str(Path(o.src).resolve()),
+                    "output": str(out.resolve()),
+                    "model": name,
+                    "flavor": flavor,
+                    "model_args": args_record(target)["model_args"],
+                    "arch": target.arch,
+                    "rank": target.rank,
+                    "kv_rank": target.effective_kv_rank,
+                    "latent_act": target.activation,
+                    "swiglu": target.swiglu,
+                    "lax_gate": target.lax_gate if target.arch == "lax" else None,
+                    "checked_tp": {"degree": tp, "plan": plan},
+                    "fit": fit,
+                    "fit_steps": o.fit_steps if fit else 0,
+                    "svd_dtype": o.svd_dtype,
+                    "device": str(device),
+                    "threads": torch.get_num_threads(),
+                    "notes": notes,
+                    **converter.report,
+                    "seconds": round(time.perf_counter() - t0, 2),
+                    "peak_rss_gib": round(
+                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3
+                    ),
+                }
+                tmp_report.write_text(json.dumps(report, indent=1) + "\n")
+                tmp.commit()
+                os.replace(tmp_report, report_path)
         finally:
             progress.close()
-            if tmp.exists():
-                shutil.rmtree(tmp)
             if tmp_report.exists():
                 tmp_report.unlink()
     print(tables(report))
@@ -352,5 +401,6 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
         f"report {report_path}"
     )
     lr, ngpu = job_config.optimizer.lr, world_size(job_config.parallelism)
-    print(continue_command(o.config_file, str(out), lr, ngpu, isinstance(source, DCPSource)))
+    seed = job_config.training.dataset_seed
+    print(continue_command(o.config_file, str(out), lr, ngpu, ours, dense_seed, seed))
     return 0

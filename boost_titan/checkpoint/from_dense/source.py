@@ -233,7 +233,7 @@ def _check_complete(
         raise SourceError(f"{where} is not a complete dense LLaMA: " + "; ".join(problems))
 
 
-def open_source(path: str | Path, dcp_args: LlamaArgs) -> DenseSource:
+def open_source(path: str | Path, dcp_args: LlamaArgs | None) -> DenseSource:
     """The dense model at ``path``: a Hugging Face LLaMA folder (config.json) or a DCP
     step folder (.metadata; its shapes are ``dcp_args``', the config's flavor as llama2)."""
     folder = Path(path)

@@ -36,6 +36,11 @@ SHAPE_FIELDS = (
 RANK_SHAPES = ("dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "vocab_size")
 
 
+def with_shapes(args: LlamaArgs, dense: LlamaArgs) -> LlamaArgs:
+    """``args`` (a flavor, its options) at ``dense``'s shapes."""
+    return replace(args, **{k: getattr(dense, k) for k in SHAPE_FIELDS})
+
+
 def shape_diff(dense: LlamaArgs, flavor: LlamaArgs) -> list[str]:
     return [
         f"{k} {getattr(dense, k)} (flavor: {getattr(flavor, k)})"
@@ -44,14 +49,23 @@ def shape_diff(dense: LlamaArgs, flavor: LlamaArgs) -> list[str]:
     ]
 
 
-def target_args(dense: LlamaArgs, flavor: LlamaArgs, boost, where: str, desc: str) -> LlamaArgs:
-    """``flavor`` (the config's model after its [boost] options) at ``dense``'s shapes."""
-    target = replace(flavor, **{k: getattr(dense, k) for k in SHAPE_FIELDS})
+def target_args(
+    dense: LlamaArgs,
+    flavor: LlamaArgs,
+    boost,
+    where: str,
+    desc: str,
+    named: LlamaArgs | None = None,
+) -> LlamaArgs:
+    """``flavor`` (the config's model after its [boost] options) at ``dense``'s shapes;
+    ``named``: the flavor's own shapes, when ``flavor`` is already at ``dense``'s (whether
+    the flavor's rank carries over)."""
+    target = with_shapes(flavor, dense)
     if boost.rank or boost.rank_ratio:
         rank = boost.rank or max(1, round(boost.rank_ratio * dense.dim))
         target = replace(target, rank=rank, kv_rank=boost.kv_rank)
     else:
-        diff = shape_diff(dense, flavor)
+        diff = shape_diff(dense, named or flavor)
         if diff:
             raise ValueError(
                 f"{where} does not have the shapes of {desc} ({', '.join(diff)}), so its "

@@ -42,14 +42,21 @@ def _world_size(world_size: int | None) -> int | None:
 
 
 def check_config(
-    config, world_size: int | None = None, *, layout: bool = True, files: bool = True
+    config,
+    world_size: int | None = None,
+    *,
+    layout: bool = True,
+    files: bool = True,
+    shapes=None,
 ) -> None:
     """Fail early, with the valid choices; see :mod:`boost_titan.train.config_check`.
     ``world_size``: the launch's process count (default: ``WORLD_SIZE`` from the
     environment; absent: the launch checks are skipped). ``layout=False`` (tools that
     only build the model, e.g. checkpoint export): the parallel layout, plan, batch and
     [checkpoint] checks are skipped. ``files=False`` (the dry run): the launch checks
-    without the files (data, tokenizer, the checkpoint a run would load)."""
+    without the files (data, tokenizer, the checkpoint a run would load). ``shapes``
+    (where, dense args): the model is checked at those shapes, not its flavor's
+    (from-dense)."""
     specs.register_all()  # the model names checked below are the train specs'
     ws = _world_size(world_size)
     _check_types(config)
@@ -59,12 +66,12 @@ def check_config(
     _check_lr_scheduler(config)
     _check_misc(config)
     if not layout:
-        _check_model(config, None)
+        _check_model(config, None, shapes)
         return
     _check_checkpoint(config)  # (irrelevant to tools that only build the model)
     deg = _check_parallelism(config, ws)
     check_compile_config(config)
-    _check_model(config, deg)
+    _check_model(config, deg, shapes)
     _check_hf_layout(config)
     _check_batches(config, deg)
     if ws is not None and files:

@@ -14,10 +14,12 @@ from boost_titan.train.config_check.converters import (
 )
 
 
-def _check_model(config, deg: dict[str, int] | None) -> None:
+def _check_model(config, deg: dict[str, int] | None, shapes=None) -> None:
     """Model name and flavor, the [boost] options against the flavor's shapes, the TP
     degree against the dimensions it splits, latent checkpointing, pipeline split
-    (``deg`` None: the model alone, no layout)."""
+    (``deg`` None: the model alone, no layout). ``shapes`` (where, args): a dense model
+    whose shapes replace the flavor's (from-dense writes the config's model at the
+    shapes of the model it converts, so every check is against those)."""
     from torchtitan.models import _supported_models  # noqa: F401 (registers)
     from torchtitan.protocols.train_spec import _extra_train_specs
 
@@ -45,6 +47,11 @@ def _check_model(config, deg: dict[str, int] | None) -> None:
     args = table[flavor]
     b = config.boost
     what = f"model {name!r} flavor {flavor!r}"
+    if shapes is not None:
+        from boost_titan.checkpoint.from_dense.target import with_shapes
+
+        where, dense = shapes
+        args, what = with_shapes(args, dense), f"{what} at the shapes of {where}"
     if not args.low_rank:
         for key in ("rank", "rank_ratio", "kv_rank"):
             if getattr(b, key):

@@ -56,8 +56,8 @@ def _check_flag_values(args: list[str], cls) -> None:
             )
 
 
-def parse_config(args: list[str], *, layout: bool = True):
-    """CLI + TOML -> checked JobConfig (``layout``: see :func:`check_config`). Registers
+def parse_config(args: list[str], *, layout: bool = True, shapes=None):
+    """CLI + TOML -> checked JobConfig (``layout``, ``shapes``: see :func:`check_config`). Registers
     boost_titan's train specs and datasets with torchtitan first (idempotent): the
     config names them."""
     specs.register_all()
@@ -66,5 +66,5 @@ def parse_config(args: list[str], *, layout: bool = True):
         _check_config_file(path)
     _check_flag_values(args, config_class())
     config = config_manager(config_class()).parse_args(args)
-    check_config(config, layout=layout)
+    check_config(config, layout=layout, shapes=shapes)
     return config
