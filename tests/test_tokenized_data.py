@@ -247,8 +247,10 @@ def test_the_cli_tokenizes_and_refuses_in_one_line(tmp_path, capsys):
         (["--shard", "x"], "--shard 'x' is not I/N"),
         (["--workers", "0"], "--workers 0 must be >= 1"),
     ):
-        assert data_main(["tokenize", "--from", str(raw), "--tokenizer", TOKENIZER,
-                          "--out", str(tmp_path / "bad"), *argv]) == 1  # fmt: skip
+        with pytest.raises(SystemExit) as stop:  # the one refusal line, exit 1
+            data_main(["tokenize", "--from", str(raw), "--tokenizer", TOKENIZER,
+                       "--out", str(tmp_path / "bad"), *argv])  # fmt: skip
+        assert stop.value.code == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and line in err, err
     assert not (tmp_path / "bad").exists()
