@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import textwrap
+import time
 
 import torch
 
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         got = f"unknown command {argv[0]!r}" if argv else "no command"
         fail(PROG, f"{got}; valid: {', '.join(COMMANDS)} ({PROG} --help)")
     command, argv = argv[0], argv[1:]
+    t0 = time.perf_counter()
     cpu_runtime.activate()  # before torchtitan is imported (via the config)
     safe_metadata.install()  # .metadata is unpickled with an allowlist, never plain pickle
     integrity.install()  # sealed saves (import), verified loads (export)
@@ -226,4 +228,9 @@ def main(argv: list[str] | None = None) -> None:
         if (bad := integrity.mismatch_in(e)) is None:
             raise
         fail(p.prog, str(bad), 1)
-    print(f"wrote {out}")
+    if command == "export":  # as from-dense does: an export must fit where its conversion fit
+        from boost_titan.observability.peak_rss import peak_rss_gib
+
+        print(f"wrote {out} in {time.perf_counter() - t0:.1f} s, peak RSS {peak_rss_gib():.2f} GiB")
+    else:
+        print(f"wrote {out}")

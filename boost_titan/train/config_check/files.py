@@ -12,6 +12,7 @@ from boost_titan.data.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, CorpusE
 from boost_titan.data.order import BlendError
 from boost_titan.train.config_check.common import ConfigError, ConfigPathError, _ours, bad
 from boost_titan.train.config_check.model import config_args
+from boost_titan.train.config_check.model_tokenizer import check_model_tokenizer
 
 
 def _writable_folders(config) -> list[tuple[str, str, str]]:
@@ -100,6 +101,7 @@ def _check_files(config, dp_degree: int = 1) -> None:
             raise ConfigError(
                 f"[model] hf_assets_path = {m.hf_assets_path!r} with flavor {m.flavor!r}: {e}"
             ) from None
+        check_model_tokenizer(config)  # a converted model's own tokenizer
     sections = [("training", config.training)] + (
         [("validation", config.validation)] if config.validation.enable else []
     )
