@@ -94,6 +94,7 @@ def _check_files(config, dp_degree: int = 1) -> None:
             ConfigPathError,
         )
     if _ours(config):
+        check_model_tokenizer(config)  # a converted model's own tokenizer, first
         args = config_args(config)
         try:
             _check_tokenizer_vocab(m.hf_assets_path, args.vocab_size)
@@ -101,7 +102,6 @@ def _check_files(config, dp_degree: int = 1) -> None:
             raise ConfigError(
                 f"[model] hf_assets_path = {m.hf_assets_path!r} with flavor {m.flavor!r}: {e}"
             ) from None
-        check_model_tokenizer(config)  # a converted model's own tokenizer
     sections = [("training", config.training)] + (
         [("validation", config.validation)] if config.validation.enable else []
     )
