@@ -34,6 +34,7 @@ CONFIG = REPO / "train_configs" / "debug_svd.toml"
 # the child: run the CLI as `python -m boost_titan.cli`, then print its own VmHWM
 _CHILD = """
 import runpy, sys
+sys.path = [p for p in sys.path if p not in ("", ".")]  # the tree is PYTHONPATH's, not cwd's
 sys.argv = ["boost-titan", *sys.argv[1:]]
 rc = 0
 try:
