@@ -31,7 +31,12 @@ def dense_step(corpus_dir, tmp_path_factory) -> Path:
     args = flavors_for("dense")["debugmodel_gqa"].with_overrides(n_layers=4)
     gen = torch.Generator().manual_seed(0)
     state = {k: torch.randn(s, generator=gen) for k, s in model_shapes(args).items()}
-    return write_dcp_model(state, tmp_path_factory.mktemp("dense") / "step-0", args)
+    step = write_dcp_model(state, tmp_path_factory.mktemp("dense") / "step-0", args)
+    DENSE_STATE.update(state)
+    return step
+
+
+DENSE_STATE: dict[str, torch.Tensor] = {}  # what dense_step wrote
 
 
 def _job(step: Path):
@@ -82,10 +87,19 @@ def _held_one_group(reader, state) -> None:
     print(f"\nheld at most {reader.peak_bytes:,} of {total:,} bytes (a block: {block:,})")
 
 
-def test_safetensors_export_streams_and_equals_the_whole_model_export(dense_step, tmp_path,
-                                                                      readers):  # fmt: skip
-    from safetensors.torch import save_file
+def test_safetensors_export_streams_and_equals_the_whole_model_export(
+    dense_step, tmp_path, readers, monkeypatch
+):
+    from safetensors.torch import load_file, save_file
 
+    from boost_titan.checkpoint.integrity import blocks
+
+    # a verified read maps the file a window at a time (8 MiB embeddings: 4 windows)
+    mapped, real = [], blocks._mapped
+    monkeypatch.setattr(blocks, "_MAP_WINDOW", 2 * blocks.BLOCK)
+    monkeypatch.setattr(
+        blocks, "_mapped", lambda fd, start, n: mapped.append(n) or real(fd, start, n)
+    )
     job = _job(dense_step)
     out = export.export_safetensors(job, str(dense_step), str(tmp_path / "m.safetensors"))
     (reader,) = readers
@@ -98,6 +112,10 @@ def test_safetensors_export_streams_and_equals_the_whole_model_export(dense_step
     # the same tensors at the same offsets, the same metadata, the same bytes
     assert header == old_header and data == old_data
     assert list(header)[1:] == list(old_header)[1:]  # (the metadata's order is save_file's own)
+    got = load_file(str(out))
+    assert sorted(got) == sorted(DENSE_STATE)
+    assert all(torch.equal(got[k], DENSE_STATE[k]) for k in got)  # what was saved
+    assert max(mapped) <= 2 * blocks.BLOCK and len(mapped) > len(got)
 
 
 def test_hf_export_streams_and_equals_the_whole_model_export(dense_step, tmp_path, readers):
