@@ -21,7 +21,12 @@ from boost_titan.config import ConfigError
 def _identity(folder) -> dict:
     from boost_titan.data.tokenize import tokenizer_identity
 
-    return tokenizer_identity(str(folder))
+    try:
+        return tokenizer_identity(str(folder))
+    except ConfigError:
+        raise
+    except Exception as e:  # the tokenizers library's own errors name no file
+        raise ConfigError(f"tokenizer folder {str(folder)!r} cannot be read: {e}") from None
 
 
 def _differs(carried_folder, hf_assets_path: str) -> tuple[dict, dict] | None:
@@ -61,6 +66,10 @@ def tokenizer_flag(step, hf_assets_path: str) -> str:
     """What a command training from ``step`` adds so that it tokenizes with the model's
     tokenizer: ``--model.hf_assets_path STEP/tokenizer`` where the config's is another."""
     carried = model_tokenizer(str(step), None)
-    if carried is None or _differs(carried.folder, hf_assets_path) is None:
+    if carried is None:
         return ""
-    return f" --model.hf_assets_path {shlex.quote(str(carried.folder))}"
+    try:
+        same = _differs(carried.folder, hf_assets_path) is None
+    except (OSError, ValueError):  # no tokenizer there (the step is written: say, not fail)
+        same = False
+    return "" if same else f" --model.hf_assets_path {shlex.quote(str(carried.folder))}"
