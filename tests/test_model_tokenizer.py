@@ -3,8 +3,9 @@ ids through training and export (``boost_titan.checkpoint.model_tokenizer``).
 
 The source: a Llama-3.2-shaped folder (GQA, llama3 RoPE, tied embeddings; 2 blocks)
 with a small real byte-level BPE tokenizer made with ``tokenizers``, whose BOS/EOS are
-not ids 0/1, a generation_config.json of its own and a vocabulary (8448) above the
-tokenizer's size, as Llama 3's 128256 is above its 128000 + 256 tokens."""
+not ids 0/1, a generation_config.json of its own and a vocabulary (320) above the
+tokenizer's size, as Llama 3's 128256 is above its 128000 + 256 tokens, and below the
+run's tokenizer's (8192): the run's tokenizer plays no part in the export."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from helpers import REPO_ROOT
 transformers = pytest.importorskip("transformers")
 
 CONFIG = str(REPO_ROOT / "train_configs" / "debug_svd.toml")
-BOS, EOS, VOCAB = "<|begin_of_text|>", "<|end_of_text|>", 8448
+BOS, EOS, VOCAB = "<|begin_of_text|>", "<|end_of_text|>", 320
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

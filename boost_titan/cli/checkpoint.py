@@ -164,6 +164,22 @@ def _recorded_flavor(src: str) -> list[str]:
     return []
 
 
+def _carried_tokenizer(src: str, rest: list[str]) -> list[str]:
+    """A converted model's own tokenizer is the export's (``checkpoint.model_tokenizer``):
+    the config's ``[model] hf_assets_path`` becomes it, so that the model's vocabulary is
+    checked against the tokenizer the folder will hold, not the run's."""
+    from boost_titan.checkpoint.model_tokenizer import model_tokenizer
+
+    flavor = None
+    for i, a in enumerate(rest):
+        if a == "--model.flavor" and i + 1 < len(rest):
+            flavor = rest[i + 1]
+        elif a.startswith("--model.flavor="):
+            flavor = a.split("=", 1)[1]
+    carried = model_tokenizer(src, flavor)
+    return [] if carried is None else ["--model.hf_assets_path", str(carried.folder)]
+
+
 def main(argv: list[str] | None = None) -> None:
     import sys
 
@@ -196,6 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     rest = ["--job.config_file", ours.config_file, *rest]
     if command == "export" and not any(a.startswith("--model.flavor") for a in rest):
         rest += _recorded_flavor(ours.src)
+    if command == "export" and not any(a.startswith("--model.hf_assets_path") for a in rest):
+        try:
+            rest += _carried_tokenizer(ours.src, rest)
+        except ValueError as e:  # a carried tokenizer's record that cannot be read
+            fail(p.prog, str(e), 1)
     try:
         job_config = parse_config(rest, layout=False)  # the model only: any layout fits
         if ours.format == "hf":
