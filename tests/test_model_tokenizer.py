@@ -134,7 +134,10 @@ def test_training_with_another_tokenizer_is_refused_in_one_line(step, tmp_path, 
         parse_config(argv)
     line = str(err.value)
     assert "\n" not in line and "is not the tokenizer of the model in [model] flavor" in line
-    assert "vocabulary 8192" in line and "against the model's 292" in line
+    assert (
+        "vocabulary 8192" in line
+        and f"the model's tokenizer '{step}/tokenizer': vocabulary 292" in line
+    )
     assert f"--model.hf_assets_path {step}/tokenizer" in line
     assert f"data tokenize --tokenizer {step}/tokenizer" in line
     mine = parse_config([*argv, "--model.hf_assets_path", str(step / "tokenizer")], layout=False)

@@ -53,9 +53,10 @@ def check_model_tokenizer(config) -> None:
         raise ConfigError(
             f"[model] hf_assets_path = {m.hf_assets_path!r} is not the tokenizer of the model "
             f"in [{section}] {key} = {step!r} (converted from {carried.source!r}): vocabulary "
-            f"{mine['vocab_size']}, digest {mine['digest'][:12]}, against the model's "
-            f"{theirs['vocab_size']}, digest {theirs['digest'][:12]} ({carried.folder}); its "
-            f"ids would stand for other tokens. Use the model's: --model.hf_assets_path {tok} "
+            f"{mine['vocab_size']}, digest {mine['digest'][:12]}; the model's tokenizer "
+            f"{str(carried.folder)!r}: vocabulary {theirs['vocab_size']}, digest "
+            f"{theirs['digest'][:12]}; its ids would stand for other tokens. Use the model's: "
+            f"--model.hf_assets_path {tok} "
             "(the embedded corpus and local_text are tokenized with it as they are read; a "
             f"tokenized corpus: boost-titan data tokenize --tokenizer {tok} --from TEXT "
             "--out DIR)"
