@@ -12,7 +12,9 @@
     data_position  the data loader's position in a step, checked before DCP reads it
     files          files and folders that appear whole or not at all; safetensors files
                    read with damage said in one line
-    export         a step's model weights to one safetensors file and back
+    export         a step's model weights to one safetensors file and back, a block at a time
+    safetensors_stream  a safetensors file written a tensor at a time
+    model_tokenizer     a converted model's own tokenizer, carried in its step folder
     hf/            Hugging Face layouts, folders, torchtitan's adapters
 
 The command line is ``boost-titan checkpoint`` (:mod:`boost_titan.cli.checkpoint`)."""

@@ -105,12 +105,9 @@ def model_desc(job_config) -> str:
     return f"model {job_config.model.name!r} flavor {job_config.model.flavor!r}"
 
 
-def read_dcp_model(
-    checkpoint_dir: str | os.PathLike,
-    expected: dict[str, torch.Tensor],
-    model_desc: str = "the model",
-) -> dict[str, torch.Tensor]:
-    """The model tensors of a DCP checkpoint as full, plain CPU tensors (their stored dtype)."""
+def _stored_model(checkpoint_dir, expected: dict[str, torch.Tensor], model_desc: str) -> dict:
+    """The model tensors' DCP metadata (FQN -> TensorStorageMetadata), checked against
+    ``expected`` (names and shapes) before any tensor is read."""
     path = Path(checkpoint_dir)
     if not (path / ".metadata").is_file():
         hint = (
@@ -133,10 +130,62 @@ def read_dcp_model(
     check_names_and_shapes(
         {k: v.size for k, v in stored.items()}, expected, f"checkpoint {str(path)!r}", model_desc
     )
-    state = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in stored.items()}
+    return stored
+
+
+def _load(path: Path, stored: dict, names) -> dict[str, torch.Tensor]:
+    state = {k: torch.empty(stored[k].size, dtype=stored[k].properties.dtype) for k in names}
     with _without_process_group():
         dcp.load(state, checkpoint_id=str(path), no_dist=True)
     return state
+
+
+def read_dcp_model(
+    checkpoint_dir: str | os.PathLike,
+    expected: dict[str, torch.Tensor],
+    model_desc: str = "the model",
+) -> dict[str, torch.Tensor]:
+    """The model tensors of a DCP checkpoint as full, plain CPU tensors (their stored
+    dtype), all at once (an export streams them instead: :class:`DCPModelReader`)."""
+    stored = _stored_model(checkpoint_dir, expected, model_desc)
+    return _load(Path(checkpoint_dir), stored, stored)
+
+
+_BLOCK = re.compile(r"(layers\.\d+)\.")
+
+
+def _group(fqn: str) -> str:
+    """A block's tensors are read together (one ``dcp.load``); the rest one by one."""
+    m = _BLOCK.match(fqn)
+    return m[1] if m else fqn
+
+
+class DCPModelReader:
+    """A DCP checkpoint's model tensors, read one block at a time: :meth:`get` loads the
+    block (or top-level tensor) a name belongs to with one ``dcp.load`` and drops the one
+    before, and hands each tensor out once. Asked in an order that keeps a block's
+    names together (name order does), memory holds one block. ``peak_bytes``: the most
+    tensor bytes it held (what ``tests/test_export_stream.py`` checks)."""
+
+    def __init__(self, checkpoint_dir, expected: dict[str, torch.Tensor], model_desc: str):
+        self.path = Path(checkpoint_dir)
+        self.stored = _stored_model(checkpoint_dir, expected, model_desc)
+        self.specs = {k: (tuple(v.size), v.properties.dtype) for k, v in self.stored.items()}
+        self.key: str | None = None
+        self.held: dict[str, torch.Tensor] = {}
+        self.peak_bytes = 0
+        self.loads = 0
+
+    def get(self, fqn: str) -> torch.Tensor:
+        key = _group(fqn)
+        if key != self.key or fqn not in self.held:
+            self.held = {}  # dropped before the next block is read
+            self.key = key
+            self.held = _load(self.path, self.stored, [k for k in self.stored if _group(k) == key])
+            self.loads += 1
+            size = sum(t.numel() * t.element_size() for t in self.held.values())
+            self.peak_bytes = max(self.peak_bytes, size)
+        return self.held.pop(fqn)
 
 
 def _step_of(path: Path) -> str:
@@ -155,13 +204,14 @@ def _args_json(args) -> str:
 def export_safetensors(
     job_config, checkpoint_dir: str, out: str, dtype: torch.dtype | None = None
 ) -> Path:
-    from safetensors.torch import save_file
+    """The step's model weights -> one safetensors file, a block at a time
+    (:class:`DCPModelReader`, ``safetensors_stream.write_safetensors``)."""
+    from boost_titan.checkpoint.safetensors_stream import write_safetensors
 
     args, model = model_for(job_config)
     check_recorded(checkpoint_dir, args, model_desc(job_config))
-    state = read_dcp_model(checkpoint_dir, expected_tensors(model), model_desc(job_config))
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
+    reader = DCPModelReader(checkpoint_dir, expected_tensors(model), model_desc(job_config))
+    specs = {k: (shape, dtype or stored) for k, (shape, stored) in reader.specs.items()}
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {
@@ -172,18 +222,18 @@ def export_safetensors(
         "source": str(Path(checkpoint_dir).resolve()),
         "step": _step_of(Path(checkpoint_dir)),
     }
-    tmp = new_tmp(out_path, folder=False)
-    plain_mode = tmp.stat().st_mode & 0o777  # the umask's, as the kernel applied it
+    tmp = new_tmp(out_path, folder=False)  # (its mode is kept: a plain write's)
     try:
-        save_file(
-            {k: v.contiguous() for k, v in sorted(state.items())}, str(tmp), metadata=metadata
-        )
-        os.chmod(tmp, plain_mode)  # safetensors' save_file leaves its file 0600
+        write_safetensors(tmp, specs, lambda k: _cast(reader.get(k), dtype), metadata)
         os.replace(tmp, out_path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return out_path
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return t if dtype is None else t.to(dtype)
 
 
 def import_safetensors(job_config, path: str, out_dir: str) -> Path:

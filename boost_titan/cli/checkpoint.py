@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import textwrap
+import time
 
 import torch
 
@@ -163,6 +164,22 @@ def _recorded_flavor(src: str) -> list[str]:
     return []
 
 
+def _carried_tokenizer(src: str, rest: list[str]) -> list[str]:
+    """A converted model's own tokenizer is the export's (``checkpoint.model_tokenizer``):
+    the config's ``[model] hf_assets_path`` becomes it, so that the model's vocabulary is
+    checked against the tokenizer the folder will hold, not the run's."""
+    from boost_titan.checkpoint.model_tokenizer import model_tokenizer
+
+    flavor = None
+    for i, a in enumerate(rest):
+        if a == "--model.flavor" and i + 1 < len(rest):
+            flavor = rest[i + 1]
+        elif a.startswith("--model.flavor="):
+            flavor = a.split("=", 1)[1]
+    carried = model_tokenizer(src, flavor)
+    return [] if carried is None else ["--model.hf_assets_path", str(carried.folder)]
+
+
 def main(argv: list[str] | None = None) -> None:
     import sys
 
@@ -174,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         got = f"unknown command {argv[0]!r}" if argv else "no command"
         fail(PROG, f"{got}; valid: {', '.join(COMMANDS)} ({PROG} --help)")
     command, argv = argv[0], argv[1:]
+    t0 = time.perf_counter()
     cpu_runtime.activate()  # before torchtitan is imported (via the config)
     safe_metadata.install()  # .metadata is unpickled with an allowlist, never plain pickle
     integrity.install()  # sealed saves (import), verified loads (export)
@@ -194,6 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     rest = ["--job.config_file", ours.config_file, *rest]
     if command == "export" and not any(a.startswith("--model.flavor") for a in rest):
         rest += _recorded_flavor(ours.src)
+    if command == "export" and not any(a.startswith("--model.hf_assets_path") for a in rest):
+        try:
+            rest += _carried_tokenizer(ours.src, rest)
+        except ValueError as e:  # a carried tokenizer's record that cannot be read
+            fail(p.prog, str(e), 1)
     try:
         job_config = parse_config(rest, layout=False)  # the model only: any layout fits
         if ours.format == "hf":
@@ -226,4 +249,9 @@ def main(argv: list[str] | None = None) -> None:
         if (bad := integrity.mismatch_in(e)) is None:
             raise
         fail(p.prog, str(bad), 1)
-    print(f"wrote {out}")
+    if command == "export":  # as from-dense does: an export must fit where its conversion fit
+        from boost_titan.observability.peak_rss import peak_rss_gib
+
+        print(f"wrote {out} in {time.perf_counter() - t0:.1f} s, peak RSS {peak_rss_gib():.2f} GiB")
+    else:
+        print(f"wrote {out}")

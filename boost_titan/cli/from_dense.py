@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import signal
 import sys
 import time
@@ -58,6 +57,7 @@ from boost_titan.checkpoint.from_dense.scratch import Stopped, scratch
 from boost_titan.checkpoint.from_dense.source import DCPSource, DenseSource, open_source
 from boost_titan.checkpoint.from_dense.stream import write_lazily
 from boost_titan.checkpoint.from_dense.target import target_args, with_shapes
+from boost_titan.checkpoint.model_tokenizer import for_conversion
 from boost_titan.cli.args import Parser
 from boost_titan.data.calibration import RANDOM, calibration_tokens
 from boost_titan.models.args import LlamaArgs
@@ -68,6 +68,8 @@ from boost_titan.models.recorded import (
     record_path,
     write_model_args,
 )
+from boost_titan.observability.peak_rss import peak_rss_gib
+from boost_titan.train.config_check.model_tokenizer import tokenizer_flag
 
 PROG = "boost-titan checkpoint from-dense"
 LOW_RANK_MODELS = sorted(k for k, v in MODEL_ARCH.items() if v != "dense")
@@ -222,19 +224,6 @@ def _threads(n: int | None):
         torch.set_num_threads(before)
 
 
-def peak_rss_gib() -> float:
-    """This process' peak resident memory: ``VmHWM`` (reset by exec; ``getrusage``'s
-    ``ru_maxrss`` carries over the peak of the parent a process was forked from)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
 def _report_path(out: Path) -> Path:
     return out.parent / f"{out.name}.from_dense.json"
 
@@ -311,6 +300,7 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
     plan = check_tp(target, tp, job_config.boost.tp_plan)
     ours = isinstance(source, DCPSource)  # a dense step: its run's seed, for the next run's
     dense_seed = dense_run_seed(o.src) if ours else None
+    carried = for_conversion(o.src, target.vocab_size)  # the source's tokenizer, kept
 
     fit = o.fit == "activations" or (o.fit == "auto" and target.arch in ("cola", "lax"))
     n_seq = o.calib_sequences if o.calib_sequences is not None else (16 if fit else 0)
@@ -336,7 +326,7 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
     tokens = None
     with _threads(o.threads):
         if n_seq:
-            tok_dir = source.tokenizer_dir
+            tok_dir = carried.folder if carried is not None else source.tokenizer_dir
             if tok_dir is None and o.calib_data != RANDOM:
                 tok_dir = Path(job_config.model.hf_assets_path)
             tokens = calibration_tokens(
@@ -359,6 +349,8 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
             with scratch(out) as tmp:
                 write_lazily(tmp.path, converter.shapes, converter.get)
                 write_model_args(tmp.path, target)  # what later runs read: --model.flavor OUT
+                if carried is not None:
+                    carried.write(tmp.path)
                 progress.close()
                 report = {
                     "source": str(Path(o.src).resolve()),
@@ -381,9 +373,7 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
                     "notes": notes,
                     **converter.report,
                     "seconds": round(time.perf_counter() - t0, 2),
-                    "peak_rss_gib": round(
-                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3
-                    ),
+                    "peak_rss_gib": round(peak_rss_gib(), 3),
                 }
                 tmp_report.write_text(json.dumps(report, indent=1) + "\n")
                 tmp.commit()
@@ -402,5 +392,6 @@ def _run(o: argparse.Namespace, rest: list[str]) -> int:
     )
     lr, ngpu = job_config.optimizer.lr, world_size(job_config.parallelism)
     seed = job_config.training.dataset_seed
-    print(continue_command(o.config_file, str(out), lr, ngpu, ours, dense_seed, seed))
+    command = continue_command(o.config_file, str(out), lr, ngpu, ours, dense_seed, seed)
+    print(command + tokenizer_flag(out, job_config.model.hf_assets_path))
     return 0

@@ -8,5 +8,6 @@
     comm_traces     the flight recorder's folder, kept only when written to
     log_filters     warnings that are wrong on our paths, dropped by exact text
     screenshot      a run's dashboard as a PNG (``boost-titan screenshot``)
+    peak_rss        a command's peak resident memory (from-dense, export print it)
 
 It imports nothing else of boost_titan: every other folder may report through it."""

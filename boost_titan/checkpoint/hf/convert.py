@@ -1,8 +1,10 @@
 """``boost-titan checkpoint export|import --format hf``: DCP <-> Hugging Face folder.
 
-export: the model tensors of a DCP checkpoint (any layout wrote it) -> a complete folder
-(:func:`boost_titan.checkpoint.hf.folder.write_hf_folder`) in the chosen layout, with the run's
-tokenizer (``[model] hf_assets_path``).
+export: the model tensors of a DCP checkpoint (any layout wrote it), read a block at a
+time, -> a complete folder (:func:`boost_titan.checkpoint.hf.folder.write_hf_folder_from`)
+in the chosen layout, with the model's own tokenizer where it carries one (a converted
+model: :mod:`boost_titan.checkpoint.model_tokenizer`), else the run's (``[model]
+hf_assets_path``).
 
 import: a folder -> a model-only DCP checkpoint (``step-0``) that training loads with
 ``--checkpoint.initial_load_path``. The folder must hold the run's model: its config.json
@@ -31,7 +33,7 @@ from boost_titan.checkpoint.hf.folder import (
     read_hf_config,
     read_hf_tensors,
     read_tokenizer,
-    write_hf_folder,
+    write_hf_folder_from,
 )
 from boost_titan.checkpoint.hf.llama_format import untie
 
@@ -45,10 +47,10 @@ def export_hf(
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
     from boost_titan.checkpoint.export import (
+        DCPModelReader,
         expected_tensors,
         model_desc,
         model_for,
-        read_dcp_model,
     )
 
     args, model = model_for(job_config)
@@ -56,15 +58,24 @@ def export_hf(
     if Path(out_dir).exists():  # before reading anything
         raise FileExistsError(f"{out_dir!r} exists; export writes a new folder")
     from boost_titan.checkpoint.model_args import check_recorded
+    from boost_titan.checkpoint.model_tokenizer import model_tokenizer
 
     check_recorded(checkpoint_dir, args, model_desc(job_config))
-    read_tokenizer(job_config.model.hf_assets_path, args.vocab_size)  # fails before reading
-    state = read_dcp_model(checkpoint_dir, expected_tensors(model), model_desc(job_config))
-    return write_hf_folder(
-        state,
+    # a converted model's own tokenizer (its step's, or its run's --model.flavor STEP's),
+    # else the run's; checked before anything is read
+    tokenizer = model_tokenizer(checkpoint_dir, job_config.model.flavor)
+    if tokenizer is not None:
+        tokenizer.check(args.vocab_size)
+    else:
+        tokenizer = job_config.model.hf_assets_path
+        read_tokenizer(tokenizer, args.vocab_size)
+    reader = DCPModelReader(checkpoint_dir, expected_tensors(model), model_desc(job_config))
+    return write_hf_folder_from(
+        reader.specs,
+        reader.get,
         args,
         fmt,
-        job_config.model.hf_assets_path,
+        tokenizer,
         out_dir,
         dtype=dtype,
         max_shard_size=max_shard_size,

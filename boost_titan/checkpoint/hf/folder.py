@@ -8,12 +8,16 @@ offline):
   ``eos_token_id`` and ``torch_dtype`` (and ``dtype``, its transformers-5 name);
 - ``generation_config.json``: bos/eos ids, greedy decoding;
 - ``model.safetensors``, or above ``max_shard_size`` (default 5GB, ``save_pretrained``'s)
-  ``model-0000i-of-0000N.safetensors`` and ``model.safetensors.index.json``;
+  ``model-0000i-of-0000N.safetensors`` and ``model.safetensors.index.json``, each written
+  a tensor at a time (``checkpoint.safetensors_stream``: memory holds what the caller's
+  ``fetch`` holds, an export's reader one block);
 - the layout's remote code (``boost``: ``configuration_boost_llama.py``,
   ``modeling_boost_llama.py``, named by config.json's ``auto_map``);
 - the tokenizer: ``tokenizer.json`` (copied byte for byte), ``tokenizer_config.json``
-  (``PreTrainedTokenizerFast``, bos/eos tokens, ``model_max_length``) and
-  ``special_tokens_map.json``.
+  (``PreTrainedTokenizerFast``, bos/eos tokens, ``model_max_length`` = config.json's
+  ``max_position_embeddings``) and ``special_tokens_map.json``; a converted model's own
+  tokenizer (``checkpoint.model_tokenizer``) instead: every file its source had, byte
+  for byte (``generation_config.json`` too), and config.json's special ids the source's.
 
 The folder is written under a temporary name beside the target and renamed into place
 when complete (never half a folder under the target's name), its files with the
@@ -28,6 +32,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -233,9 +238,29 @@ def write_hf_folder(
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
     """Write ``state_dict`` (our FQNs) as a complete Hugging Face folder at ``out_dir``
-    (which must not exist) in layout ``fmt``; see the module docstring."""
-    from safetensors.torch import save_file
+    (which must not exist) in layout ``fmt``; see the module docstring. ``tokenizer_dir``:
+    a tokenizer folder, or a converted model's own tokenizer
+    (:class:`~boost_titan.checkpoint.model_tokenizer.CarriedTokenizer`: its files copied
+    byte for byte, its source's special ids in config.json)."""
+    specs = {k: (tuple(v.shape), v.dtype) for k, v in state_dict.items()}
+    return write_hf_folder_from(
+        specs, state_dict.__getitem__, args, fmt, tokenizer_dir, out_dir, dtype, max_shard_size
+    )
 
+
+def write_hf_folder_from(
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    fetch: Callable[[str], torch.Tensor],
+    args: LlamaArgs,
+    fmt: str | HFFormat,
+    tokenizer_dir,
+    out_dir: str | os.PathLike,
+    dtype: torch.dtype | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> Path:
+    """:func:`write_hf_folder` of the tensors ``specs`` names (our FQN -> (shape, dtype)),
+    each asked of ``fetch`` when its bytes are written and converted to the layout on its
+    own (every layout maps one tensor to one): memory holds what ``fetch`` holds."""
     from boost_titan.checkpoint.files import new_tmp
 
     fmt = get_format(fmt, args.arch) if isinstance(fmt, str) else fmt
@@ -245,37 +270,57 @@ def write_hf_folder(
     out = Path(out_dir)
     if out.exists():
         raise FileExistsError(f"{str(out)!r} exists; export writes a new folder")
+    carried = tokenizer_dir if hasattr(tokenizer_dir, "ids") else None  # CarriedTokenizer
+    if carried is not None:
+        carried.check(args.vocab_size)
+        tokenizer_dir = carried.folder
     tok = read_tokenizer(tokenizer_dir, args.vocab_size)
+    # a converted model's ids are its source config.json's; else the tokenizer's bos/eos
+    ids = (
+        carried.ids
+        if carried is not None and carried.ids
+        else {f"{role}_id": i for role, i in tok["ids"].items()}
+    )
+    verbatim = carried.files() if carried is not None else ["tokenizer.json"]
 
-    tensors = fmt.to_hf(state_dict, args)
-    if dtype is not None:
-        tensors = {k: v.to(dtype) for k, v in tensors.items()}
-    dtypes = {v.dtype for v in tensors.values()}
+    ours_of: dict[str, str] = {}
+    hf_specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    for name, (shape, stored) in specs.items():  # the layout's names and shapes, on meta
+        meta = torch.empty(shape, dtype=stored, device="meta")
+        ((hf, t),) = fmt.to_hf({name: meta}, args).items()
+        ours_of[hf] = name
+        hf_specs[hf] = (tuple(t.shape), dtype or t.dtype)
+    dtypes = {d for _, d in hf_specs.values()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPE_NAMES:
         raise HFFormatError(
             f"tensors of dtypes {sorted(map(str, dtypes))}: export one of "
             f"{sorted(_DTYPE_NAMES.values())} (--dtype)"
         )
+
+    def fetch_hf(hf: str) -> torch.Tensor:
+        name = ours_of[hf]
+        t = fmt.to_hf({name: fetch(name)}, args)[hf]
+        return t if dtype is None else t.to(dtype)
+
     dtype_name = _DTYPE_NAMES[dtypes.pop()]
-    config = {
-        **fmt.config(args),
-        **{f"{role}_id": i for role, i in tok["ids"].items()},
-        "torch_dtype": dtype_name,
-        "dtype": dtype_name,
+    config = {**fmt.config(args), **ids, "torch_dtype": dtype_name, "dtype": dtype_name}
+    written = {
+        "generation_config.json": {**ids, "do_sample": False},
+        **_tokenizer_files(tok, args.context_length),
     }
-    generation = {**{f"{role}_id": i for role, i in tok["ids"].items()}, "do_sample": False}
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = new_tmp(out, folder=True)
     try:
         _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", generation)
-        _write_weights(tmp, tensors, limit, save_file)
+        _write_weights(tmp, hf_specs, fetch_hf, limit)
         for name in getattr(fmt, "remote_code", ()):
             _copy(_REMOTE_DIR / name, tmp / name)
-        _copy(tok["dir"] / "tokenizer.json", tmp / "tokenizer.json")
-        for name, content in _tokenizer_files(tok, args.max_seq_len).items():
-            _write_json(tmp / name, content)
+        for name in verbatim:  # a converted model's: its source's files, byte for byte
+            _copy(tok["dir"] / name, tmp / name)
+        for name, content in written.items():
+            if name not in verbatim:
+                _write_json(tmp / name, content)
         os.replace(tmp, out)
     finally:
         if tmp.exists():
@@ -299,9 +344,18 @@ def _copy(src: Path, dst: Path) -> None:
     dst.write_bytes(src.read_bytes())
 
 
-def _write_weights(folder: Path, tensors: dict[str, torch.Tensor], limit: int, save_file) -> None:
-    names = sorted(tensors)
-    nbytes = {k: tensors[k].numel() * tensors[k].element_size() for k in names}
+def _write_weights(
+    folder: Path,
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    fetch: Callable[[str], torch.Tensor],
+    limit: int,
+) -> None:
+    """The shards, planned from the specs, each written a tensor at a time."""
+    from boost_titan.checkpoint.safetensors_stream import nbytes as spec_bytes
+    from boost_titan.checkpoint.safetensors_stream import write_safetensors
+
+    names = sorted(specs)
+    nbytes = {k: spec_bytes(specs[k]) for k in names}
     shards = _shards(names, nbytes, limit)
     files = (
         [SINGLE_FILE]
@@ -310,9 +364,8 @@ def _write_weights(folder: Path, tensors: dict[str, torch.Tensor], limit: int, s
     )
     for file, shard in zip(files, shards):
         path = folder / file
-        mode = _plain_file(path)
-        save_file({k: tensors[k].contiguous() for k in shard}, str(path), metadata={"format": "pt"})
-        os.chmod(path, mode)  # safetensors' save_file leaves its file 0600
+        _plain_file(path)  # (writing into it keeps a plain write's mode)
+        write_safetensors(path, {k: specs[k] for k in shard}, fetch, metadata={"format": "pt"})
     if len(shards) > 1:
         index = {
             "metadata": {"total_size": sum(nbytes.values())},

@@ -17,6 +17,7 @@ import mmap
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import IO
@@ -224,6 +225,26 @@ def _local_file(raw) -> tuple[int, int] | None:
     return fd, offset
 
 
+# the most of a file mapped at once: a mapped page counts in the process' RSS until it
+# is unmapped, so mapping a whole 1 GiB embedding doubled a load's peak RSS (the pages
+# and the tensor they are copied into: an export of Llama-3.2-1B's width peaked 1 GiB
+# higher)
+_MAP_WINDOW = 64 * 2**20
+
+
+def _windows(blocks: list[tuple[int, int]], k: int, j: int) -> Iterator[tuple[int, int]]:
+    """Blocks ``k .. j-1`` in runs ``[a, b)`` of at most ``_MAP_WINDOW`` bytes (a block
+    larger than that alone)."""
+    a = k
+    while a < j:
+        b, size = a, 0
+        while b < j and (b == a or size + blocks[b][1] <= _MAP_WINDOW):
+            size += blocks[b][1]
+            b += 1
+        yield a, b
+        a = b
+
+
 @contextmanager
 def _mapped(fd: int, start: int, n: int):
     """The address of bytes ``start .. start + n`` of file ``fd``, mapped read-only
@@ -332,11 +353,13 @@ class VerifyingReader(io.RawIOBase):
         if os.fstat(fd).st_size < offset + start + len(dest):  # a map past the end: SIGBUS
             raise cut_short(self.item, self.size)
         to, found = _address(dest) - start, []
-        with _mapped(fd, offset + start, len(dest)) as at:
-            at -= start
-            for s, n in self.blocks[k:j]:
-                found.append(self._digest_at(at + s, n))
-                ctypes.memmove(to + s, at + s, n)
+        for a, b in _windows(self.blocks, k, j):
+            first, end = self.blocks[a][0], self.blocks[b - 1][0] + self.blocks[b - 1][1]
+            with _mapped(fd, offset + first, end - first) as at:
+                at -= first
+                for s, n in self.blocks[a:b]:
+                    found.append(self._digest_at(at + s, n))
+                    ctypes.memmove(to + s, at + s, n)
         self._check(k, j - k, b"".join(found))
 
     def readinto(self, b) -> int:

@@ -28,6 +28,7 @@ from boost_titan.checkpoint.integrity.dcp_hooks import trailers_line, unverified
 from boost_titan.checkpoint.integrity.folder_seal import shares
 from boost_titan.checkpoint.integrity.manifest import METADATA, NAME, key, step_of
 from boost_titan.checkpoint.integrity.step import HF_INDEX, SEALED, TRAILERS, UNVERIFIED, open_step
+from boost_titan.checkpoint.model_tokenizer import TOKENIZER_DIR
 from boost_titan.config import Parser
 from boost_titan.models.recorded import MODEL_ARGS_FILE
 
@@ -145,8 +146,9 @@ def _verify_files(step, out: Verification, buf: memoryview, share=None) -> None:
 
 
 # what a step folder holds besides the files its manifest lists: the manifest itself,
-# and the model record a conversion writes (checked when read: models.recorded)
-_SIDE_FILES = frozenset({NAME, MODEL_ARGS_FILE})
+# and the model record and tokenizer a conversion writes (checked when read:
+# models.recorded, checkpoint.model_tokenizer)
+_SIDE_FILES = frozenset({NAME, MODEL_ARGS_FILE, TOKENIZER_DIR})
 
 
 def _unlisted(step) -> list[str]:

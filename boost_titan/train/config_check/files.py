@@ -12,6 +12,7 @@ from boost_titan.data.local_text import HOLDOUT_DATASET, LOCAL_DATASETS, CorpusE
 from boost_titan.data.order import BlendError
 from boost_titan.train.config_check.common import ConfigError, ConfigPathError, _ours, bad
 from boost_titan.train.config_check.model import config_args
+from boost_titan.train.config_check.model_tokenizer import check_model_tokenizer
 
 
 def _writable_folders(config) -> list[tuple[str, str, str]]:
@@ -93,6 +94,7 @@ def _check_files(config, dp_degree: int = 1) -> None:
             ConfigPathError,
         )
     if _ours(config):
+        check_model_tokenizer(config)  # a converted model's own tokenizer, first
         args = config_args(config)
         try:
             _check_tokenizer_vocab(m.hf_assets_path, args.vocab_size)
