@@ -23,6 +23,7 @@ import pytest
 import torch
 from helpers import REPO_ROOT
 from safetensors.torch import save_file
+from test_model_tokenizer import _tokenizer
 
 from boost_titan.cli import checkpoint
 from boost_titan.cli import from_dense as cli
@@ -36,8 +37,8 @@ def llama32_1b_folder(
     random: bool = False,
 ) -> Path:  # fmt: skip
     """config.json as Meta's Llama-3.2-1B (widths, RoPE, tied embeddings), ``layers``
-    blocks, a vocabulary of 1024; zero (or ``random``) bf16 weights under
-    transformers' names."""
+    blocks, a vocabulary of 1024, a small real tokenizer; zero (or ``random``) bf16 weights
+    under transformers' names."""
     HIDDEN, FFN, HEADS = hidden, ffn, heads  # noqa: N806 (narrower models: the same layout)
     folder.mkdir(parents=True)
     config = {
@@ -53,6 +54,7 @@ def llama32_1b_folder(
         "torch_dtype": "bfloat16",
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
+    _tokenizer(folder)  # a converted model keeps its source's tokenizer: a folder has one
     kv = KV_HEADS * HIDDEN // HEADS
     shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,)}
     block = {
