@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: the local CPU wheel here, the CUDA build on GPU machines
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,hf]"
+	$(PY) -m pip install -q -e ".[dev,hf,ft]"
 	@touch $(STAMP)
 
 setup: $(STAMP)

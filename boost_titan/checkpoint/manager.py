@@ -94,10 +94,15 @@ class BoostCheckpointManager(CheckpointManager):
     run_id: str | None = None
     allow_foreign_steps = False
     _run_written = False  # run.json is in the folder (read there, or written)
+    writes = True  # False: a replica group other than the one that saves
 
-    def __init__(self, *args, checkpoint_config, **kwargs) -> None:
-        super().__init__(*args, checkpoint_config=checkpoint_config, **kwargs)
-        if self.enable:
+    def __init__(self, *args, checkpoint_config, states, **kwargs) -> None:
+        super().__init__(*args, checkpoint_config=checkpoint_config, states=states, **kwargs)
+        # torchft replica groups (boost_titan.train.replicas): one group writes the job's
+        # steps and holds the folder; the others load them and never write
+        replicas = getattr(states.get("train_state"), "replicas", None)
+        self.writes = replicas is None or replicas.saves_checkpoints()
+        if self.enable and self.writes:
             self.allow_foreign_steps = getattr(checkpoint_config, "allow_foreign_steps", False)
             self._hold_folder()
 
@@ -309,6 +314,8 @@ class BoostCheckpointManager(CheckpointManager):
         self._run_written = True
 
     def save(self, curr_step: int, last_step: bool = False) -> None:
+        if not self.writes:
+            return
         saves = self._should_save(curr_step, last_step)
         if saves and not self._run_written:
             self._write_run_id()

@@ -245,8 +245,17 @@ def _build(job_config, section, dp_world_size, dp_rank, infinite, tokenizer=None
     return loader
 
 
+def replica_data_rank(ft, dp_world_size: int, dp_rank: int) -> tuple[int, int]:
+    """Under torchft replica groups (``boost_titan.train.replicas``) the global batch spans
+    the groups: group ``i``'s rank ``r`` of ``dp`` is rank ``i * dp + r`` of ``N * dp``."""
+    if not ft.enable:
+        return dp_world_size, dp_rank
+    return ft.group_size * dp_world_size, ft.replica_id * dp_world_size + dp_rank
+
+
 def build_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=True):
     """The TrainSpec's ``build_dataloader_fn`` (module docstring)."""
+    dp_world_size, dp_rank = replica_data_rank(job_config.fault_tolerance, dp_world_size, dp_rank)
     t = job_config.training
     loader = _build(job_config, "training", dp_world_size, dp_rank, infinite, tokenizer,
                     local_batch_size=t.local_batch_size, seed=t.dataset_seed,

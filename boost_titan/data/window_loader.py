@@ -127,6 +127,7 @@ class WindowLoader(BaseDataLoader):
             )
         self.samples = 0  # the position: global samples consumed before the next batch
         self._passes = [0] * len(self.corpora)
+        self._seeks = 0
 
     # ------------------------------------------------------------------ reading
     def samples_of(self, start: int, b: int) -> range:
@@ -143,8 +144,23 @@ class WindowLoader(BaseDataLoader):
             return None
         return self.order.windows[0] // self.global_batch
 
+    def seek(self, samples: int) -> None:
+        """Continue from global position ``samples`` at the next batch (a replica group
+        recovered from a live one: ``boost_titan.train.replicas``); an iteration in
+        progress restarts from there."""
+        if type(samples) is not int or samples < 0:
+            raise ValueError(f"{self.dataset_name}: data position {samples!r} is not a count")
+        self.samples = samples
+        self._seeks += 1
+
     def __iter__(self):
-        start = self.samples
+        while True:  # once, unless a seek restarts it
+            seeks = self._seeks
+            yield from self._iter_from(self.samples, seeks)
+            if self._seeks == seeks:
+                return
+
+    def _iter_from(self, start: int, seeks: int):
         n = self.passes()
         batches = itertools.count() if n is None else range(n)
         dump = os.environ.get(DUMP_ENV)
@@ -157,6 +173,8 @@ class WindowLoader(BaseDataLoader):
         else:
             rows = (self.read_batch(self.samples_of(start, b)) for b in batches)
         for b, x in enumerate(rows):
+            if self._seeks != seeks:  # (before the position moves past the seek's)
+                return
             samples = self.samples_of(start, b)
             if not self.validation:
                 self.samples = start + (b + 1) * self.global_batch

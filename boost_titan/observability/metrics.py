@@ -58,6 +58,7 @@ def cpu_peak(estimate: float, achieved: float) -> float:
 class BoostMetricsProcessor(MetricsProcessor):
     _pp_mesh: DeviceMesh | None = None
     _has_last_stage = True
+    _across_groups = None  # torchft replica groups: (avg, max) -> the job's (avg, max)
     executed_flops_per_token: float | None = None  # set by the trainer's profiled steps
     # None: gpu_peak_flops is a datasheet figure; else what the CPU estimate is (cpu_peak)
     cpu_peak_source: str | None = None
@@ -87,8 +88,15 @@ class BoostMetricsProcessor(MetricsProcessor):
         torch.distributed.all_reduce(t, group=self._pp_mesh.get_group())
         return t.tolist()
 
+    def share_replica_loss(self, across_groups) -> None:
+        """torchft replica groups: ``across_groups(avg, max)`` is the job's loss (the
+        groups' average and largest), logged by every group alike."""
+        self._across_groups = across_groups
+
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         global_avg_loss, global_max_loss = self._last_stage(global_avg_loss, global_max_loss)
+        if self._across_groups is not None:
+            global_avg_loss, global_max_loss = self._across_groups(global_avg_loss, global_max_loss)
         if self.cpu_peak_source is not None:
             self._keep_cpu_peak_an_upper_bound(step)
         if self.executed_flops_per_token is not None:

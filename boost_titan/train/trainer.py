@@ -37,7 +37,7 @@ from boost_titan.observability.step_profile import (
 )
 from boost_titan.parallel import cpu_runtime
 from boost_titan.parallel.pipeline import pipeline_forward_backward
-from boost_titan.train import fault, launch_check, specs
+from boost_titan.train import fault, launch_check, replicas, specs
 
 
 def _pp_loss_is_visible(*args, **kwargs) -> None:
@@ -112,9 +112,25 @@ class BoostTrainer(Trainer):
 
     _comm_logged = False
     _last_run_step = -1  # the last step this process trained (fault injection fires after it)
+    replicas: replicas.ReplicaGroups | None = None  # [fault_tolerance]: torchft's groups
+    _microbatches = 0  # backward passes of the current step so far
+
+    def init_distributed(self):
+        parallel_dims = super().init_distributed()
+        # before the checkpointer is built: only replica group 0 writes checkpoints
+        self.replicas = replicas.build(
+            self.job_config,
+            group_rank=torch.distributed.get_rank(),
+            group_world_size=torch.distributed.get_world_size(),
+        )
+        return parallel_dims
 
     def __init__(self, job_config):
         super().__init__(job_config)
+        if self.replicas is not None:
+            self.replicas.gate(self.optimizers, self.lr_schedulers)
+            self.replicas.register_state(self.checkpointer.states, self.dataloader)
+            self.metrics_processor.share_replica_loss(self.replicas.average_loss)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None
@@ -138,7 +154,8 @@ class BoostTrainer(Trainer):
             )
 
     def train(self):
-        if self.checkpointer.enable and torch.distributed.get_rank() == 0:
+        ckpt = self.checkpointer
+        if ckpt.enable and ckpt.writes and torch.distributed.get_rank() == 0:
             for old, new in fault.quarantine_incomplete_checkpoints(self.checkpointer.folder):
                 logger.warning(
                     f"checkpoint {old} is incomplete (no .metadata: its save was cut off) and "
@@ -163,6 +180,9 @@ class BoostTrainer(Trainer):
             torch.distributed.barrier()
 
     def train_step(self, data_iterator):
+        self._microbatches = 0
+        if self.replicas is not None:
+            self.replicas.step_started(self.dataloader)
         with fault.grad_norms_to(self.guard):
             if self.step_profiler.wants(self.step):
                 self._profiled_train_step(data_iterator)
@@ -194,6 +214,11 @@ class BoostTrainer(Trainer):
             self._save_for_preemption()
             return False
         return True
+
+    def close(self) -> None:
+        super().close()
+        if self.replicas is not None:
+            self.replicas.shutdown()
 
     def _save_for_preemption(self) -> None:
         """A full checkpoint of this step, on disk before the status file says so: an
@@ -230,6 +255,10 @@ class BoostTrainer(Trainer):
             loss = self._forward_backward_impl(input_dict, labels, global_valid_tokens)
         self.injector.poison_grads(self.step, self.model_parts)
         self.guard.record_loss(loss)
+        self._microbatches += 1
+        if self.replicas is not None and self._microbatches == self.gradient_accumulation_steps:
+            # the step's last backward: the cross-group all-reduce, before clipping
+            self.replicas.average_gradients(self.model_parts)
         return loss
 
     def _forward_backward_impl(self, input_dict, labels, global_valid_tokens):

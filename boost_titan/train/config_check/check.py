@@ -14,6 +14,7 @@ from boost_titan.train.config_check.checkpoint import (
     _check_hf_layout,
 )
 from boost_titan.train.config_check.common import ConfigError
+from boost_titan.train.config_check.fault_tolerance import _check_fault_tolerance
 from boost_titan.train.config_check.files import _check_files, _check_writable
 from boost_titan.train.config_check.layout import _check_batches, _check_parallelism
 from boost_titan.train.config_check.model import _check_model
@@ -70,6 +71,7 @@ def check_config(
         return
     _check_checkpoint(config)  # (irrelevant to tools that only build the model)
     deg = _check_parallelism(config, ws)
+    _check_fault_tolerance(config, ws if files else None)
     check_compile_config(config)
     _check_model(config, deg, shapes)
     _check_hf_layout(config)
