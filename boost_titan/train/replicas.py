@@ -39,6 +39,8 @@ lock); every group loads it at a restart. While group 0 is down no step is saved
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections import defaultdict
 from datetime import timedelta
 from typing import Any
@@ -49,6 +51,29 @@ from torchtitan.tools.logging import logger
 
 #: the key the data position travels under in a peer's state
 DATA_KEY = "boost_data_position"
+DIGEST_ENV = "BOOST_TITAN_PARAM_DIGEST"
+QUORUM_TIMEOUT = timedelta(seconds=60)
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _flat(tree, prefix: str = ""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flat(v, f"{prefix}{k}.")
+    elif isinstance(tree, list | tuple):
+        for i, v in enumerate(tree):
+            yield from _flat(v, f"{prefix}{i}.")
+    else:
+        yield prefix, tree
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 class ReplicaGroups:
@@ -75,10 +100,11 @@ class ReplicaGroups:
             use_async_quorum=True,
             init_sync=False,
             timeout=timeout,
-            # one bound for every wait: a quorum short of min_replica_size, a lighthouse
-            # or peer that does not answer (torchft's TORCHFT_*_TIMEOUT_SEC override it)
-            quorum_timeout=timeout,
-            connect_timeout=timeout,
+            # a quorum waits for the live groups to reach their next step (a step's time)
+            # and fails the group when it times out: torchft's 60 s, not the collectives'
+            # bound (TORCHFT_QUORUM_TIMEOUT_SEC and TORCHFT_CONNECT_TIMEOUT_SEC set them)
+            quorum_timeout=QUORUM_TIMEOUT,
+            connect_timeout=QUORUM_TIMEOUT,
             rank=group_rank,
             world_size=group_world_size,
             replica_id=f"boost_titan_group_{self.replica_id}",
@@ -103,10 +129,12 @@ class ReplicaGroups:
             if self.committed:
                 step(*args, **kwargs)
             else:
+                error = manager.errored()
                 logger.warning(
-                    f"[fault_tolerance] step not applied: {manager.num_participants()} live "
-                    f"replica group(s) of {self.group_size} (min_replica_size "
-                    f"{self.min_replica_size}), error: {manager.errored()}"
+                    f"[fault_tolerance] group {self.replica_id}: step not applied, retried "
+                    f"from the same data: {manager.num_participants()} live replica group(s) "
+                    f"of {self.group_size}, min_replica_size {self.min_replica_size}"
+                    + (f"; {_first_line(error.original_exception)}" if error else "")
                 )
 
         def lr_step_if_committed(*args, **kwargs):
@@ -149,7 +177,7 @@ class ReplicaGroups:
         peer recovering during this step continues from."""
         self._step_start_samples = getattr(loader, "samples", None)
 
-    def register_state(self, states: dict[str, Any], loader) -> None:
+    def register_state(self, states: dict[str, Any], loader, model_parts) -> None:
         """What a live group sends a recovering one: the checkpointer's model,
         optimizer, LR schedule and train state, and the data position after this step."""
         names = [k for k in ("model", "optimizer", "lr_scheduler", "train_state") if k in states]
@@ -164,10 +192,24 @@ class ReplicaGroups:
             return out
 
         def load_state_dict(state):
-            for k in names:
-                states[k].load_state_dict(state[k])
+            # (called in should_commit, after backward.) A fresh optimizer's state is made
+            # by torch's set_optimizer_state_dict with a step of zero gradients, which it
+            # skips when a gradient exists, and then loads nothing, silently: the step's
+            # gradients are put aside while the state loads
+            params = [p for part in model_parts for p in part.parameters()]
+            grads = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+            try:
+                for k in names:
+                    states[k].load_state_dict(state[k])
+            finally:
+                for p, g in zip(params, grads):
+                    p.grad = g
             if DATA_KEY in state:
+                # the next step's windows; and this step's, should it not be committed
                 loader.seek(state[DATA_KEY])
+                self._step_start_samples = state[DATA_KEY] - loader.global_batch
             logger.info(
                 f"[fault_tolerance] group {self.replica_id} recovered from a live group: "
                 f"step {getattr(states.get('train_state'), 'step', '?')}"
@@ -175,6 +217,31 @@ class ReplicaGroups:
             )
 
         self.manager.register_state_dict_fn("boost_titan", load_state_dict, state_dict)
+
+    def retry_from(self, loader) -> None:
+        """After a step that was not committed: its batch again, from the same position."""
+        loader.seek(self._step_start_samples)
+
+    def digest(self, model_parts, optimizers, step: int) -> None:
+        """``BOOST_TITAN_PARAM_DIGEST=1``: every rank logs a digest of its parameters and
+        one of its optimizer state after each committed step (equal across groups once
+        they agree: how the tests and a user check that a recovered group trains on the
+        same weights)."""
+        if os.environ.get(DIGEST_ENV) != "1" or not self.committed:
+            return
+        params = hashlib.blake2b(digest_size=16)
+        for part in model_parts:
+            for name, p in part.named_parameters():
+                params.update(name.encode())
+                params.update(_bytes(p.detach()))
+        state = hashlib.blake2b(digest_size=16)
+        for key, value in sorted(_flat(optimizers.state_dict())):
+            state.update(key.encode())
+            state.update(_bytes(value) if isinstance(value, torch.Tensor) else repr(value).encode())
+        logger.info(
+            f"[fault_tolerance] group {self.replica_id} step {step} params {params.hexdigest()} "
+            f"optimizer {state.hexdigest()}"
+        )
 
     def saves_checkpoints(self) -> bool:
         return self.replica_id == 0

@@ -71,6 +71,10 @@ def install() -> None:
     titan_dist_utils.clip_grad_norm_ = fault.reporting_grad_norm(titan_dist_utils.clip_grad_norm_)
 
 
+#: between two attempts at a step the replica groups did not commit
+RETRY_PAUSE_S = 0.5
+
+
 class _NoSleep:
     """``time`` as torchtitan.train sees it during training: its only sleep is the
     one after the last step (see :meth:`BoostTrainer.train`)."""
@@ -129,7 +133,9 @@ class BoostTrainer(Trainer):
         super().__init__(job_config)
         if self.replicas is not None:
             self.replicas.gate(self.optimizers, self.lr_schedulers)
-            self.replicas.register_state(self.checkpointer.states, self.dataloader)
+            self.replicas.register_state(
+                self.checkpointer.states, self.dataloader, self.model_parts
+            )
             self.metrics_processor.share_replica_loss(self.replicas.average_loss)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
@@ -188,7 +194,26 @@ class BoostTrainer(Trainer):
                 self._profiled_train_step(data_iterator)
             else:
                 super().train_step(data_iterator)
+        if self.replicas is not None:
+            self._until_committed(data_iterator)
         self._last_run_step = self.step
+
+    def _until_committed(self, data_iterator) -> None:
+        """A step the replica groups did not commit (too few live groups, a group died
+        during it) is run again on the same batch, until it is: the step count stays the
+        count of applied steps, and no window is skipped."""
+        tokens = self.ntokens_seen
+        while not self.replicas.committed:
+            time.sleep(RETRY_PAUSE_S)  # (a group relaunching takes seconds)
+            self.ntokens_seen = tokens - self._step_tokens()
+            self.replicas.retry_from(self.dataloader)
+            self._microbatches = 0
+            super().train_step(data_iterator)
+        self.replicas.digest(self.model_parts, self.optimizers, self.step)
+
+    def _step_tokens(self) -> int:
+        t = self.job_config.training
+        return t.local_batch_size * t.seq_len * self.gradient_accumulation_steps
 
     def _profiled_train_step(self, data_iterator):
         tokens_before = self.ntokens_seen
