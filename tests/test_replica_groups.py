@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import run_training
 
+DIGEST_ENV = "BOOST_TITAN_PARAM_DIGEST"
 STEPS = ("--training.steps", "3", "--validation.no-enable", "--boost.profile_freq", "0")
 
 
@@ -45,7 +46,16 @@ def group_args(i: int, groups: int, min_size: int, *extra: str) -> tuple[str, ..
     )
 
 
-def run_groups(config: str, groups: int, per_group: int, root: Path, address: str, *extra):
+def run_groups(
+    config: str,
+    groups: int,
+    per_group: int,
+    root: Path,
+    address: str,
+    *extra,
+    env=None,
+    expect_failure=False,
+):
     """``groups`` launches of ``per_group`` ranks each, at once, as replica groups of one
     job; returns their runs (``run_training``'s), group 0 first."""
     runs: list = [None] * groups
@@ -59,6 +69,8 @@ def run_groups(config: str, groups: int, per_group: int, root: Path, address: st
                 root / f"group{i}",
                 *STEPS,
                 *group_args(i, groups, groups, *extra),
+                env=env,
+                expect_failure=expect_failure,
                 timeout=600,
             )
         except BaseException as e:  # (re-raised in the test's thread)
@@ -74,17 +86,73 @@ def run_groups(config: str, groups: int, per_group: int, root: Path, address: st
     return runs
 
 
-def test_two_groups_of_one_rank_equal_dp2_without_ft(tmp_path, lighthouse):
+def test_two_groups_equal_dp2_without_ft_and_the_whole_job_resumes_exactly(tmp_path, lighthouse):
+    """Two groups of one rank, no failure: the losses of FSDP dp2 without FT. Group 0
+    alone writes the job's sealed steps; both groups SIGKILLed after step 4 (saved) and
+    launched again resume from it and end as the uninterrupted run."""
+    common = ("--training.steps", "6", "--training.seq_len", "64", *STEPS[2:])
     dp2 = ("--parallelism.data_parallel_shard_degree", "2")
-    reference = run_training("debug_cola.toml", 2, tmp_path / "dp2", *STEPS, *dp2)
-    runs = run_groups("debug_cola.toml", 2, 1, tmp_path, lighthouse)
+    reference = run_training("debug_cola.toml", 2, tmp_path / "dp2", *common, *dp2)
     want = reference.loss[0]
-    assert sorted(want) == [1, 2, 3]
-    for i, run in enumerate(runs):
-        got = run.loss[0]
-        assert got.keys() == want.keys(), run.output[-3000:]
-        for step in want:
-            assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), (i, step)
+    assert sorted(want) == list(range(1, 7))
+    ckpt = tmp_path / "job_checkpoints"
+    saves = ("--checkpoint.enable", "--checkpoint.interval", "2", "--checkpoint.folder", str(ckpt))
+    first = run_groups(
+        "debug_cola.toml", 2, 1, tmp_path / "first", lighthouse, *common, *saves,
+        env={"BOOST_TITAN_INJECT": "sigkill@4"}, expect_failure=True,
+    )  # fmt: skip
+    for i, run in enumerate(first):
+        assert sorted(run.loss[0]) == [1, 2, 3, 4], run.output[-3000:]
+        for step in run.loss[0]:
+            assert run.loss[0][step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), (i, step)
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-2", "step-4"]
+    again = run_groups("debug_cola.toml", 2, 1, tmp_path / "again", lighthouse, *common, *saves)
+    for i, run in enumerate(again):
+        assert "Training starts at step 5" in run.output, run.output[-3000:]
+        assert sorted(run.loss[0]) == [5, 6]
+        for step in (5, 6):
+            assert run.loss[0][step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), (i, step)
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-2", "step-4", "step-6"]
+
+
+def test_the_live_group_trains_on_alone_within_the_timeout(tmp_path, lighthouse):
+    """min_replica_size 1: group 1 is SIGKILLed after step 2; group 0 finishes every
+    step alone, the step after the death bounded by the collectives' timeout (2 s) and
+    the lighthouse's heartbeat (1 s), not torchft's 60 s quorum timeout."""
+    fast = ("--training.seq_len", "64", "--fault_tolerance.process_group_timeout_ms", "2000")
+    common = ("--training.steps", "5", *STEPS[2:], *fast)
+    survivor: dict = {}
+
+    def group0() -> None:
+        survivor["run"] = run_training(
+            "debug_cola.toml", 1, tmp_path / "group0", *common, *group_args(0, 2, 1),
+            timeout=300,
+        )  # fmt: skip
+
+    t = threading.Thread(target=group0)
+    t.start()
+    killed = run_training(
+        "debug_cola.toml", 1, tmp_path / "group1", *common, *group_args(1, 2, 1),
+        env={"BOOST_TITAN_INJECT": "sigkill@2"}, expect_failure=True, timeout=300,
+    )  # fmt: skip
+    t.join()
+    assert "SIGKILL after step 2" in killed.output
+    alive = survivor["run"]
+    assert sorted(alive.loss[0]) == [1, 2, 3, 4, 5]
+    stamps = {int(m[2]): m[1] for m in _STEP_AT.finditer(alive.output)}
+    died = _STAMP.search(killed.output[killed.output.index("SIGKILL after step 2") - 200 :])
+    gap = _seconds(stamps[3]) - _seconds(died[1])
+    assert 0 < gap < 30, gap  # (a wait for the quorum timeout would be >= 60 s)
+
+
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+_STEP_AT = re.compile(r"\[titan\] (\S+ \S+) - root - INFO - step:\s+(\d+) ")
+
+
+def _seconds(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 _DIGEST = re.compile(
@@ -92,26 +160,46 @@ _DIGEST = re.compile(
 )
 
 
-def digests(output: str) -> dict[int, str]:
-    return {int(m[2]): (m[3], m[4]) for m in _DIGEST.finditer(output)}
+def digests(output: str, rank: int = 0) -> dict[int, tuple[str, str]]:
+    """Step -> (parameters' digest, optimizer state's) that ``rank`` logged."""
+    mine = "\n".join(line for line in output.splitlines() if line.startswith(f"[rank{rank}]:"))
+    return {int(m[2]): (m[3], m[4]) for m in _DIGEST.finditer(mine)}
 
 
-def test_a_killed_group_is_waited_for_then_recovers_from_the_live_one(tmp_path, monkeypatch):
+LAYOUTS = {
+    # a group's config and ranks -> the same job without FT: config, ranks, overrides
+    "cola": (
+        "debug_cola.toml",
+        1,
+        "debug_cola.toml",
+        2,
+        "--parallelism.data_parallel_shard_degree",
+        "2",
+    ),
+    "cola_btp_tp2": ("debug_cola_btp_tp2.toml", 2, "debug_cola_btp_tp2_fsdp2.toml", 4),
+}
+
+
+@pytest.mark.parametrize("layout", ["cola_btp_tp2"])
+def test_a_killed_group_is_waited_for_then_recovers_from_the_live_one(
+    tmp_path, monkeypatch, layout
+):
     """min_replica_size 2: group 1 is SIGKILLed after step 3; group 0's steps wait (and
     its log says why) until group 1, relaunched, has recovered from it; from then on
     both groups' parameters are bitwise equal step by step, and the job ends as one.
     (The lighthouse forms quorums of one group; min_replica_size decides the commits.)"""
+    config, ranks, ref_config, ref_ranks, *ref_extra = LAYOUTS[layout]
     server = _lighthouse(monkeypatch, 1)
     steps, kill_after = 8, 3
     fast = ("--training.seq_len", "64", "--fault_tolerance.process_group_timeout_ms", "2000")
     common = ("--training.steps", str(steps), "--validation.no-enable", "--boost.profile_freq", "0")
-    digest = {"BOOST_TITAN_PARAM_DIGEST": "1"}
+    digest = {DIGEST_ENV: "1"}
     survivor: dict = {}
 
     def group0() -> None:
         try:
             survivor["run"] = run_training(
-                "debug_cola.toml", 1, tmp_path / "group0", *common,
+                config, ranks, tmp_path / "group0", *common,
                 *group_args(0, 2, 2, *fast), env=digest, timeout=300,
             )  # fmt: skip
         except BaseException as e:
@@ -121,13 +209,13 @@ def test_a_killed_group_is_waited_for_then_recovers_from_the_live_one(tmp_path, 
     t.start()
     try:
         killed = run_training(
-            "debug_cola.toml", 1, tmp_path / "group1", *common, *group_args(1, 2, 2, *fast),
+            config, ranks, tmp_path / "group1", *common, *group_args(1, 2, 2, *fast),
             env={**digest, "BOOST_TITAN_INJECT": f"sigkill@{kill_after}"},
             expect_failure=True, timeout=600,
         )  # fmt: skip
         assert f"SIGKILL after step {kill_after}" in killed.output
         rejoined = run_training(
-            "debug_cola.toml", 1, tmp_path / "group1b", *common, *group_args(1, 2, 2, *fast),
+            config, ranks, tmp_path / "group1b", *common, *group_args(1, 2, 2, *fast),
             env=digest, timeout=600,
         )  # fmt: skip
     finally:
@@ -146,23 +234,38 @@ def test_a_killed_group_is_waited_for_then_recovers_from_the_live_one(tmp_path, 
     assert m, rejoined.output[-3000:]
     recovered = int(m[1])
     assert kill_after < recovered <= steps
-    a, b = digests(alive.output), digests(rejoined.output)
-    assert sorted(b) == list(range(recovered, steps + 1))
-    for step in b:
-        assert a[step] == b[step], step
-    # before the kill, the killed run agreed with the survivor too
-    k = digests(killed.output)
-    assert sorted(k) == list(range(1, kill_after + 1))
-    assert all(a[s] == k[s] for s in k)
+    for rank in range(ranks):
+        a, b = digests(alive.output, rank), digests(rejoined.output, rank)
+        assert sorted(b) == list(range(recovered, steps + 1))
+        for step in b:
+            assert a[step] == b[step], (rank, step)
+        # before the kill, the killed run agreed with the survivor too
+        k = digests(killed.output, rank)
+        assert sorted(k) == list(range(1, kill_after + 1))
+        assert all(a[s] == k[s] for s in k)
     # the same losses from the recovery step on (the job's loss, averaged over groups)
     for step in range(recovered + 1, steps + 1):
         assert rejoined.loss[0][step] == alive.loss[0][step], step
     # and nothing was lost: the waits and the recovery trained exactly what a run without
     # a failure trains (each step once, on its own windows)
     reference = run_training(
-        "debug_cola.toml", 2, tmp_path / "dp2", *common, "--training.seq_len", "64",
-        "--parallelism.data_parallel_shard_degree", "2",
-    )  # fmt: skip
+        ref_config, ref_ranks, tmp_path / "ref", *common, "--training.seq_len", "64", *ref_extra
+    )
     for step in range(1, steps + 1):
         want = reference.loss[0][step]
         assert alive.loss[0][step] == pytest.approx(want, rel=1e-5, abs=1e-5), step
+
+
+def test_two_groups_of_two_btp_ranks_equal_tp2_fsdp2_without_ft(tmp_path, lighthouse):
+    """BTP TP2 inside each group, two groups, against BTP TP2 x FSDP2 on 4 ranks."""
+    reference = run_training("debug_cola_btp_tp2_fsdp2.toml", 4, tmp_path / "ref", *STEPS)
+    runs = run_groups("debug_cola_btp_tp2.toml", 2, 2, tmp_path, lighthouse, env={DIGEST_ENV: "1"})
+    want = reference.loss[0]
+    for run in runs:
+        for step in want:
+            assert run.loss[0][step] == pytest.approx(want[step], rel=1e-5, abs=1e-5), step
+    # TP rank r of group 0 holds exactly what TP rank r of group 1 holds
+    for rank in (0, 1):
+        assert sorted(digests(runs[0].output, rank)) == [1, 2, 3]
+        assert digests(runs[0].output, rank) == digests(runs[1].output, rank)
+    assert digests(runs[0].output, 0) != digests(runs[0].output, 1)  # (shards differ)
