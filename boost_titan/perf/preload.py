@@ -10,6 +10,12 @@ test suite's rank launcher (``tests/launcher.py``)::
 Forking is safe here: importing starts no threads (OpenMP's pool is made at the first
 parallel op, in the forked process)."""
 
+import os
+
+# torchft (imported with torchtitan) reads RUST_LOG once, at import: its Rust side logs
+# six INFO lines per step per rank; warnings and errors stay (a RUST_LOG of yours is kept)
+os.environ.setdefault("RUST_LOG", "warn")
+
 from boost_titan.parallel import cpu_runtime
 
 cpu_runtime.activate()  # before torchtitan: it fixes its device type at import

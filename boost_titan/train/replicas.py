@@ -40,6 +40,7 @@ lock); every group loads it at a restart. While group 0 is down no step is saved
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections import defaultdict
 from datetime import timedelta
@@ -71,6 +72,12 @@ def _flat(tree, prefix: str = ""):
         yield prefix, tree
 
 
+def _no_flight_recorder_line(record: logging.LogRecord) -> bool:
+    """torchft warns at every new quorum that it cannot reset NCCL's flight recorder
+    where torch has none (a CPU build): nothing to act on."""
+    return "Unable to reset NCCL flight recorder" not in record.getMessage()
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
@@ -80,7 +87,9 @@ class ReplicaGroups:
     """This process's view of the job's replica groups (one torchft ``Manager``)."""
 
     def __init__(self, ft_config, *, group_rank: int, group_world_size: int):
-        import torchft
+        import torchft  # (its log level: RUST_LOG, set by boost_titan.train's entry)
+
+        logging.getLogger("torchft.manager").addFilter(_no_flight_recorder_line)
 
         timeout = timedelta(milliseconds=ft_config.process_group_timeout_ms)
         if ft_config.process_group == "gloo":
