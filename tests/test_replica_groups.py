@@ -227,3 +227,29 @@ def test_slurm_recipe_starts_a_lighthouse_and_one_group_per_two_nodes(tmp_path):
     )
     with pytest.raises(OSError):  # the EXIT trap stopped the lighthouse
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_replicas_command_gives_each_group_its_own_gpus(monkeypatch, capsys):
+    """With GPUs, group i gets the i-th K of the visible ones (run_train.sh alone would
+    put every group on GPUs 0..K-1); more than visible is one line. (A CPU machine: the
+    GPU count is what this test says it is.)"""
+    import torch
+
+    from boost_titan.train import replica_launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    assert replica_launch.gpu_sets(2, 2) == ["3,5", "6,7"]
+    assert replica_launch.gpu_sets(3, 1) == ["3", "5", "6"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert replica_launch.gpu_sets(4, 1) == ["0", "1", "2", "3"]
+    with pytest.raises(SystemExit) as e:
+        replica_launch.gpu_sets(3, 2)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "boost-titan replicas: error: --groups 3 x --nproc-per-group 2 need 6 GPUs (one "
+        "rank per GPU), 4 visible (0,1,2,3)"
+    ]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert replica_launch.gpu_sets(2, 2) is None

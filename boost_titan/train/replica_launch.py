@@ -7,7 +7,8 @@
 In order:
 
 1. its own options refused in one line (``--groups`` < 1, ``--min-replicas`` outside
-   1..groups, a ``--fault_tolerance.*`` option this command sets itself);
+   1..groups, a ``--fault_tolerance.*`` option this command sets itself, more GPUs than
+   visible);
 2. a lighthouse started in this process (torchft's ``LighthouseServer``, on a free port
    the OS picks, ``min_replicas = --min-replicas``): the groups find it through
    ``TORCHFT_LIGHTHOUSE``;
@@ -15,7 +16,8 @@ In order:
    for one group (``WORLD_SIZE = --nproc-per-group``, its lighthouse included); a bad
    value is one line, exit 2, and no group starts;
 4. N groups, each ``run_train.sh`` (its own torchrun, its own rendezvous store on a free
-   port: ``RDZV_ENDPOINT`` localhost:0) with ``NGPU = --nproc-per-group`` and
+   port: ``RDZV_ENDPOINT`` localhost:0; with GPUs, group i gets the i-th K of the visible
+   GPUs as its ``CUDA_VISIBLE_DEVICES``) with ``NGPU = K = --nproc-per-group`` and
    ``--fault_tolerance.enable --fault_tolerance.group_size N --fault_tolerance.replica_id
    i --fault_tolerance.min_replica_size M``; everything after ``--`` goes to every group;
    each group's output goes to ``<dump_folder>/replica_<i>.log`` and, each line prefixed
@@ -206,9 +208,11 @@ class Group:
         self.i, self.log = i, log
         self.log_file = open(log, "w", buffering=1)  # noqa: SIM115  (closed by the thread)
         shown = " ".join(cmd[4:] if sys.platform == "linux" else cmd)
+        gpus = env.get("CUDA_VISIBLE_DEVICES")
         self.log_file.write(
             f"# replica group {i}: TORCHFT_LIGHTHOUSE={env['TORCHFT_LIGHTHOUSE']} "
-            f"NGPU={env['NGPU']} CONFIG_FILE={env['CONFIG_FILE']} {shown}\n"
+            + (f"CUDA_VISIBLE_DEVICES={gpus} " if gpus is not None else "")
+            + f"NGPU={env['NGPU']} CONFIG_FILE={env['CONFIG_FILE']} {shown}\n"
         )
         self.proc = subprocess.Popen(
             cmd,
@@ -219,7 +223,6 @@ class Group:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches this command, which stops the groups
         )
-        self.reported = False
         self._thread = threading.Thread(target=self._copy, args=(console_lock,), daemon=True)
         self._thread.start()
 
@@ -247,6 +250,26 @@ class Group:
         rc = self.proc.wait()
         self._thread.join()
         return rc
+
+
+def gpu_sets(groups: int, per_group: int) -> list[str] | None:
+    """Each group's ``CUDA_VISIBLE_DEVICES``: its own ``per_group`` GPUs of those this
+    process sees (run_train.sh would give every group GPUs 0..K-1); None without GPUs."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(count)]
+    need = groups * per_group
+    if need > len(ids):
+        refuse(
+            PROG,
+            f"--groups {groups} x --nproc-per-group {per_group} need {need} GPUs (one rank "
+            f"per GPU), {len(ids)} visible ({','.join(ids)})",
+        )
+    return [",".join(ids[i * per_group : (i + 1) * per_group]) for i in range(groups)]
 
 
 def _group_env(args, config_file: str, address: str) -> dict:
@@ -278,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(own)
     _check_args(args, trainer)
     config_file, rest = _config_file(trainer, args.nproc_per_group)
+    gpus = gpu_sets(args.groups, args.nproc_per_group)
     os.chdir(CHECKOUT)  # paths as run_train.sh reads them
 
     # the lighthouse logs every quorum request at INFO (RUST_LOG, read when torchft is
@@ -297,12 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         config, error = _check_config(config_file, rest, args, address)
         if error is not None:
             refuse(PROG, error, CONFIG_ERROR_EXIT)
-        return _run(args, config, config_file, rest, address)
+        return _run(args, config, config_file, rest, address, gpus)
     finally:
         lighthouse.shutdown()
 
 
-def _run(args, config, config_file: str, rest: list[str], address: str) -> int:
+def _run(args, config, config_file: str, rest: list[str], address: str, gpus) -> int:
     dump = Path(config.job.dump_folder)
     dump.mkdir(parents=True, exist_ok=True)
     print(
@@ -312,18 +336,16 @@ def _run(args, config, config_file: str, rest: list[str], address: str) -> int:
         flush=True,
     )
     env = _group_env(args, config_file, address)
-    lock = threading.Lock()
+    lock = threading.RLock()  # (the signal handler prints too, on the main thread)
     groups: list[Group] = []
     stopping = []
 
     def stop(signum, _frame):
         stopping.append(signum)
         sig = signal.SIGTERM if len(stopping) == 1 else signal.SIGKILL
-        how = (
-            "stopping every group (SIGTERM; again to kill them)"
-            if sig == signal.SIGTERM
-            else ("killing every group")
-        )
+        how = "stopping every group (SIGTERM; again to kill them)"
+        if sig == signal.SIGKILL:
+            how = "killing every group"
         with lock:
             print(f"{PROG}: {signal.Signals(signum).name}: {how}", file=sys.stderr, flush=True)
         for g in groups:
@@ -334,7 +356,9 @@ def _run(args, config, config_file: str, rest: list[str], address: str) -> int:
         for i in range(args.groups):
             if stopping:
                 break
-            groups.append(Group(i, _command(rest, args, i), env, dump / f"replica_{i}.log", lock))
+            group_env = env if gpus is None else {**env, "CUDA_VISIBLE_DEVICES": gpus[i]}
+            log = dump / f"replica_{i}.log"
+            groups.append(Group(i, _command(rest, args, i), group_env, log, lock))
         return _wait(groups, lock, stopping)
     finally:
         for g in groups:  # an exception here (not a signal): nothing left behind
