@@ -235,6 +235,76 @@ def special_case(kind: str, base: str, ws: int) -> Case:
     return Case(base, 3 if kind == "world_size_mismatch" else ws, kind, changes)
 
 
+# ----------------------------------------------------------------------------- [fault_tolerance]
+# torchft replica groups: "ft" sets the changes in a TOML copy with a live lighthouse in
+# TORCHFT_LIGHTHOUSE (this process's), so what a case gets refused for is its own value;
+# "ft_no_torchft" also hides torchft from the check, "ft_closed_lighthouse" points
+# TORCHFT_LIGHTHOUSE at a port where nothing listens (its change: ["env", ...]).
+FT_MODES = ("ft", "ft_no_torchft", "ft_closed_lighthouse")
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+_lighthouse: str | None = None  # its address
+
+
+def live_lighthouse() -> str:
+    """A lighthouse for the whole session, in a process of its own: one in this process
+    would hold file descriptor 3, and torchtitan's ``os.path.exists(hf_assets_path)``
+    takes the TOML case ``hf_assets_path = 3`` for that descriptor (AttributeError)."""
+    global _lighthouse
+    if _lighthouse is None:
+        import atexit
+        import socket
+        import time
+
+        address = closed_address()
+        port = address.rsplit(":", 1)[1]
+        binary = Path(sys.executable).parent / "torchft_lighthouse"
+        proc = subprocess.Popen(
+            [str(binary), "--min_replicas", "1", "--bind", f"127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        atexit.register(proc.kill)
+        _lighthouse = address
+        for _ in range(100):  # up in well under 20 s
+            try:
+                socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+    return _lighthouse
+
+
+def closed_address() -> str:
+    import socket
+
+    with socket.socket() as s:  # a port the OS just gave out, closed again
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def torchft_hidden(case: Case):
+    """``importlib.util.find_spec("torchft")`` is None for the config check, as where
+    torchft is not installed (``ft_no_torchft``)."""
+    if case.mode != "ft_no_torchft":
+        yield
+        return
+    import importlib.util
+    import types
+
+    from boost_titan.train.config_check import fault_tolerance as ft
+
+    def find_spec(name, *args, **kwargs):
+        return None if name == "torchft" else importlib.util.find_spec(name, *args, **kwargs)
+
+    real = ft.importlib
+    ft.importlib = types.SimpleNamespace(util=types.SimpleNamespace(find_spec=find_spec))
+    try:
+        yield
+    finally:
+        ft.importlib = real
+
+
 # ----------------------------------------------------------------------------- running
 def _toml_dump(data: dict) -> str:
     def val(v):
@@ -271,6 +341,13 @@ def build_argv(case: Case, tmp: Path) -> tuple[list[str], dict[str, str]]:
     if case.mode == "toml" or case.mode in ("unknown_toml_key", "unknown_toml_section"):
         for s, k, v in case.changes:
             data.setdefault(s, {})[k] = v
+    elif case.mode in FT_MODES:
+        for s, k, v in case.changes:
+            if s != "env":
+                data.setdefault(s, {})[k] = v
+        env[LIGHTHOUSE_ENV] = (
+            closed_address() if case.mode == "ft_closed_lighthouse" else live_lighthouse()
+        )
     elif case.mode == "missing_config":
         return ["--job.config_file", str(tmp / "no_such.toml"), *common], env
     elif case.mode == "config_is_folder":
@@ -437,7 +514,11 @@ def run_case(case: Case, tmp: Path, deep: bool = True) -> Outcome:
     captured = io.StringIO()
     try:
         try:
-            with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            with (
+                contextlib.redirect_stderr(captured),
+                contextlib.redirect_stdout(captured),
+                torchft_hidden(case),
+            ):
                 config = parse_config(argv)
         except BaseException as e:  # noqa: BLE001  (tyro exits with SystemExit)
             if isinstance(e, KeyboardInterrupt):

@@ -22,6 +22,7 @@ from tests.config_fuzz import Case  # noqa: E402  (plain dataclasses: no torchti
 SEED, N_FUZZ = 20240612, 20
 
 C, T = "debug_cola_btp_tp2.toml", "debug_cola.toml"
+FT = [["fault_tolerance", "enable", True], ["fault_tolerance", "group_size", 2]]
 # (case, expected category, substring of the outcome's message)
 FIXED: list[tuple[Case, str, str]] = [
     # --- [parallelism]: torchtitan asserted inside ParallelDims, after the process group existed
@@ -396,7 +397,77 @@ FIXED: list[tuple[Case, str, str]] = [
         "clean",
         "[metrics] log_freq = 0 must be >= 1",
     ),
+    # --- [fault_tolerance] (torchft replica groups): refused before any rank starts
+    (
+        Case(T, 1, "ft_no_torchft", [*FT]),
+        "clean",
+        "[fault_tolerance] enable = true needs torchft, which is not installed: "
+        ".venv/bin/pip install -e '.[ft]' (torchft==0.2.0)",
+    ),
+    (
+        # a closed port: refused at once, within the check's 5 s bound, never a hang
+        Case(T, 1, "ft_closed_lighthouse", [["env", "TORCHFT_LIGHTHOUSE", "<closed>"], *FT]),
+        "clean",
+        "': no lighthouse answers there within 5 s (Connection refused); start it first",
+    ),
+    (
+        Case(T, 1, "ft", [["fault_tolerance", "replica_id", 2], *FT]),
+        "clean",
+        "[fault_tolerance] replica_id = 2 must be in 0..1 (group_size 2)",
+    ),
+    (
+        Case(T, 1, "ft", [["fault_tolerance", "group_size", 0], FT[0]]),
+        "clean",
+        "[fault_tolerance] group_size = 0 must be >= 1 (the number of replica groups)",
+    ),
+    (
+        Case(T, 1, "ft", [["fault_tolerance", "min_replica_size", 3], *FT]),
+        "clean",
+        "[fault_tolerance] min_replica_size = 3 must be in 1..2 (group_size 2)",
+    ),
+    (
+        Case(
+            "debug_svd_hsdp.toml",
+            4,
+            "ft",
+            [["parallelism", "data_parallel_replicate_degree", 2], *FT],
+        ),
+        "clean",
+        "[parallelism] data_parallel_replicate_degree = 2 with [fault_tolerance]: the replica "
+        "groups are the replicate dimension; set it to 1",
+    ),
+    (
+        Case("debug_lax_pp2.toml", 2, "ft", [["parallelism", "pipeline_parallel_degree", 2], *FT]),
+        "clean",
+        "[parallelism] pipeline_parallel_degree = 2 with [fault_tolerance]: a pipeline's "
+        "stages would each need their own recovery",
+    ),
+    (
+        Case(T, 2, "ft", [["parallelism", "context_parallel_degree", 2], *FT]),
+        "clean",
+        "[parallelism] context_parallel_degree = 2 with [fault_tolerance] is not supported",
+    ),
+    (
+        Case(T, 1, "ft", [["fault_tolerance", "semi_sync_method", "bogus"], *FT]),
+        "clean",
+        "[fault_tolerance] semi_sync_method = 'bogus' is not a method: 'diloco', 'local_sgd' "
+        "or none",
+    ),
+    (
+        # torchtitan's own dataset: refused by its name (its files are not looked for)
+        Case(T, 1, "ft", [["training", "dataset", "c4_test"], *FT]),
+        "clean",
+        "[training] dataset = 'c4_test' with [fault_tolerance]: replica groups need "
+        "boost_titan's global data order",
+    ),
+    (
+        Case(T, 1, "ft", [["training", "dataset", "c4"], *FT]),
+        "clean",
+        "[training] dataset = 'c4' with [fault_tolerance]: replica groups need",
+    ),
     # --- odd but valid: accepted, and the trainer's early stages build
+    # (the second of two replica groups: the checks above refuse values, not FT)
+    (Case(T, 1, "ft", [["fault_tolerance", "replica_id", 1], *FT]), "accepted", ""),
     (Case(C, 4, "cli", [["parallelism", "data_parallel_shard_degree", "-1"]]), "accepted", ""),
     (
         Case(T, 1, "cli", [["boost", "rank_ratio", "0.1"], ["training", "steps", "1"]]),

@@ -51,6 +51,12 @@ COMMANDS: dict[str, Command] = {
         "boost_titan.train.launch_check",
         "check a training config for a world size, as run_train.sh does before torchrun",
     ),
+    # training across replica groups
+    "replicas": Command(
+        "boost_titan.train.replica_launch",
+        "a torchft lighthouse and N replica groups on this machine, each its own run_train.sh "
+        "(fault tolerance: a group dies and rejoins while the others train on)",
+    ),
     "plan": Command(
         "boost_titan.perf.plan_cli",
         "every TP plan of a model: collectives, GEMM shapes, traced memory per rank",

@@ -11,5 +11,9 @@
     fault         preemption, non-finite steps, cut-off checkpoints, fault injection
     torchrun      run_train.sh's torchrun: its failure report left out after a refusal
                   the ranks explained in one line
+    replicas      torchft replica groups ([fault_tolerance]): quorum, gradients across
+                  groups, recovery from a live group
+    replica_launch  ``boost-titan replicas``: a lighthouse and N replica groups, each
+                  its own run_train.sh
 
 ``torchrun -m boost_titan.train`` runs ``__main__`` (what ``run_train.sh`` launches)."""

@@ -99,16 +99,21 @@ def _check_fault_tolerance(config, world_size: int | None) -> None:
             True,
             "with [fault_tolerance]: the step must wait for the replica groups' gradients",
         )
-    from boost_titan.data.loader import raw_source
+    from boost_titan.data.loader import EMBEDDED, TOKENIZED
+    from boost_titan.data.local_text import LOCAL_DATASETS
 
-    if raw_source(config, "training") is None:
+    # by name, nothing loaded: a parse-time check must not open the Hub (c4 raised
+    # ConnectionError here) or a dataset's files (a missing c4_test was a FileNotFoundError
+    # that did not say why FT refuses it)
+    if config.training.dataset not in (TOKENIZED, *EMBEDDED, *LOCAL_DATASETS):
         raise bad(
             "training",
             "dataset",
             config.training.dataset,
             "with [fault_tolerance]: replica groups need boost_titan's global data order "
-            "(a recovered group continues at the live groups' position); use a tokenized "
-            "corpus, your own text or the embedded corpus (docs/data.md)",
+            "(a recovered group continues at the live groups' position), which torchtitan's "
+            "datasets do not have; use a tokenized corpus, your own text (local_text) or "
+            "the embedded corpus (docs/training.md#data)",
         )
     if world_size is not None:
         check_lighthouse(os.environ.get(LIGHTHOUSE_ENV))
