@@ -55,7 +55,9 @@ ft() {  # the [fault_tolerance] options of group $1
 }
 
 # the lighthouse: on this (the first) node, for the whole job
-"$LIGHTHOUSE" --min_replicas "$MIN_REPLICAS" --bind "[::]:$LIGHTHOUSE_PORT" \
+# (--min_replicas 1: MIN_REPLICAS is each group's min_replica_size, which decides whether
+# a step is applied; a quorum short of the lighthouse's minimum fails the waiting groups)
+"$LIGHTHOUSE" --min_replicas 1 --bind "[::]:$LIGHTHOUSE_PORT" \
   --join_timeout_ms "${JOIN_TIMEOUT_MS:-5000}" &
 lighthouse=$!
 trap 'kill "$lighthouse" 2>/dev/null || true' EXIT

@@ -10,7 +10,7 @@ In order:
    1..groups, a ``--fault_tolerance.*`` option this command sets itself, more GPUs than
    visible);
 2. a lighthouse started in this process (torchft's ``LighthouseServer``, on a free port
-   the OS picks, ``min_replicas = --min-replicas``): the groups find it through
+   the OS picks, ``min_replicas = 1``): the groups find it through
    ``TORCHFT_LIGHTHOUSE``;
 3. the config checked once, as ``run_train.sh``'s pre-check (``launch_check``) checks it
    for one group (``WORLD_SIZE = --nproc-per-group``, its lighthouse included); a bad
@@ -92,8 +92,8 @@ def _parser() -> Parser:
         type=int,
         metavar="M",
         default=1,
-        help="live groups a step needs (the lighthouse's min_replicas and every group's "
-        "[fault_tolerance] min_replica_size), 1..N; default 1",
+        help="live groups a step needs to be applied (every group's [fault_tolerance] "
+        "min_replica_size), 1..N; default 1",
     )
     p.add_argument(
         "--join-timeout-ms",
@@ -313,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     if rust_log is None:
         os.environ.pop("RUST_LOG")  # the groups log as under run_train.sh
 
+    # min_replicas 1: the lighthouse forms a quorum of whichever groups are live, and
+    # --min-replicas (each group's min_replica_size) decides whether a step is applied;
+    # a quorum short of the lighthouse's own minimum would fail the waiting groups
+    # outright at torchft's quorum timeout instead of letting their steps wait
     lighthouse = LighthouseServer(
-        bind="[::]:0", min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms
+        bind="[::]:0", min_replicas=1, join_timeout_ms=args.join_timeout_ms
     )
     address = lighthouse.address()
     try:
@@ -330,8 +334,8 @@ def _run(args, config, config_file: str, rest: list[str], address: str, gpus) ->
     dump = Path(config.job.dump_folder)
     dump.mkdir(parents=True, exist_ok=True)
     print(
-        f"{PROG}: lighthouse {address} (min_replicas {args.min_replicas}); {args.groups} "
-        f"group(s) of {args.nproc_per_group} rank(s) on {config_file}; logs "
+        f"{PROG}: lighthouse {address} (steps need {args.min_replicas} live group(s)); "
+        f"{args.groups} group(s) of {args.nproc_per_group} rank(s) on {config_file}; logs "
         f"{dump}/replica_<i>.log",
         flush=True,
     )

@@ -219,10 +219,12 @@ class ReplicaGroups:
                 # the next step's windows; and this step's, should it not be committed
                 loader.seek(state[DATA_KEY])
                 self._step_start_samples = state[DATA_KEY] - loader.global_batch
+            received = sum(v.nbytes for _, v in _flat(state) if isinstance(v, torch.Tensor))
             logger.info(
                 f"[fault_tolerance] group {self.replica_id} recovered from a live group: "
                 f"step {getattr(states.get('train_state'), 'step', '?')}"
                 + (f", data position {state[DATA_KEY]}" if DATA_KEY in state else "")
+                + f", {received / 2**20:.2f} MiB received by this rank"
             )
 
         self.manager.register_state_dict_fn("boost_titan", load_state_dict, state_dict)
