@@ -140,17 +140,88 @@ def outer_sync_bytes() -> None:
             )
 
 
+#: Llama 3's report: 466 job interruptions in 54 days on 16,384 GPUs
+FAILURES_PER_GPU_DAY = 466 / 54 / 16384
+
+
+def gpu_hours_lost(args) -> None:
+    """GPU-hours lost per day at the Llama 3 failure rate: checkpoint-restart (every GPU
+    waits for the restart and redoes, on average, half a checkpoint interval) against
+    replica groups (every GPU loses the detection and the step in flight; the failed
+    group alone waits for its relaunch and its recovery from a peer)."""
+    restart = args.load_s + args.other_s
+    redo = args.interval / 2 * args.step_s
+    detect = args.timeout_ms / 1000 + args.heartbeat_ms / 1000 + args.step_s
+    recover = args.other_s + args.recover_s
+    print()
+    print(
+        f"step {args.step_s} s, checkpoint every {args.interval} steps, a restart's load "
+        f"{args.load_s} s + the rest of a restart {args.other_s} s; replica groups of "
+        f"{args.group_gpus} GPUs, detection {detect:.1f} s (collectives' timeout + "
+        f"heartbeat + the step in flight), a relaunched group's recovery {args.recover_s} s"
+    )
+    print(
+        "| GPUs | failures/day | checkpoint-restart GPU-h/day | replica groups GPU-h/day | ratio |"
+    )
+    print("|---:|---:|---:|---:|---:|")
+    for gpus in (1024, 4096):
+        per_day = gpus * FAILURES_PER_GPU_DAY
+        restart_h = per_day * gpus * (redo + restart) / 3600
+        ft_h = per_day * (gpus * detect + args.group_gpus * recover) / 3600
+        print(
+            f"| {gpus:,} | {per_day:.2f} | {restart_h:,.1f} ({restart_h / (24 * gpus):.2%}) | "
+            f"{ft_h:,.1f} ({ft_h / (24 * gpus):.3%}) | {restart_h / ft_h:.0f}x |"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60, help="steps of each group (default 60)")
     p.add_argument("--kill-after", type=int, default=4, help="group 1 dies after this step")
     p.add_argument("--timeout-ms", type=int, default=2000, help="process_group_timeout_ms")
     p.add_argument("--heartbeat-ms", type=int, default=1000, help="lighthouse heartbeat timeout")
+    p.add_argument("--arithmetic-only", action="store_true", help="only the GPU-hours table")
+    g = p.add_argument_group("the GPU-hours arithmetic")
+    g.add_argument(
+        "--step-s",
+        type=float,
+        default=0.567,
+        help="seconds per step (default: "
+        "the step-time model's cola_llama2 7b, h100-80, TP4, seq 4096, micro-batch 8)",
+    )
+    g.add_argument("--interval", type=int, default=1000, help="checkpoint interval (recipes')")
+    g.add_argument(
+        "--load-s",
+        type=float,
+        default=26.4,
+        help="a rank's load of a sealed step "
+        "at 1,024 ranks (docs/checkpoints.md: 18.6 s plain .metadata + 7.7 s ours)",
+    )
+    g.add_argument(
+        "--other-s",
+        type=float,
+        default=120.0,
+        help="the rest of a restart or a "
+        "relaunch (scheduler, processes, NCCL, compile): not measured here",
+    )
+    g.add_argument(
+        "--recover-s",
+        type=float,
+        default=4.2,
+        help="a group's recovery from a "
+        "peer: cola 7b's weights and AdamW moments, 4.2 GB per GPU of an 8-GPU "
+        "group, at 1 GB/s (torchft's HTTP transport; not measured on GPUs)",
+    )
+    g.add_argument("--group-gpus", type=int, default=8, help="GPUs per replica group")
     args = p.parse_args()
+    if args.arithmetic_only:
+        gpu_hours_lost(args)
+        return
     if not 1 <= args.kill_after < args.steps:
         p.error(f"--kill-after {args.kill_after}: give 1..{args.steps - 1} (below --steps)")
     failure_and_recovery(args)
     outer_sync_bytes()
+    gpu_hours_lost(args)
 
 
 if __name__ == "__main__":
