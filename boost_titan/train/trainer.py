@@ -128,9 +128,7 @@ class BoostTrainer(Trainer):
     def __init__(self, job_config):
         super().__init__(job_config)
         if self.replicas is not None:
-            self.replicas.gate(self.optimizers, self.lr_schedulers)
-            self.replicas.register_state(self.checkpointer.states, self.dataloader)
-            self.metrics_processor.share_replica_loss(self.replicas.average_loss)
+            self.replicas.attach(self)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None
@@ -182,12 +180,14 @@ class BoostTrainer(Trainer):
     def train_step(self, data_iterator):
         self._microbatches = 0
         if self.replicas is not None:
-            self.replicas.step_started(self.dataloader)
+            self.replicas.step_started(self)
         with fault.grad_norms_to(self.guard):
             if self.step_profiler.wants(self.step):
                 self._profiled_train_step(data_iterator)
             else:
                 super().train_step(data_iterator)
+        if self.replicas is not None:  # (semi-sync: every sync_steps steps, a sync)
+            self.replicas.step_finished(self.step, self.metrics_processor.logger)
         self._last_run_step = self.step
 
     def _profiled_train_step(self, data_iterator):
@@ -258,7 +258,7 @@ class BoostTrainer(Trainer):
         self._microbatches += 1
         if self.replicas is not None and self._microbatches == self.gradient_accumulation_steps:
             # the step's last backward: the cross-group all-reduce, before clipping
-            self.replicas.average_gradients(self.model_parts)
+            self.replicas.last_backward_done(self.model_parts)
         return loss
 
     def _forward_backward_impl(self, input_dict, labels, global_valid_tokens):
