@@ -80,10 +80,45 @@ def test_two_groups_of_one_rank_equal_dp2_without_ft(tmp_path, lighthouse):
 
 
 # ---------------------------------------------------------------- semi-synchronous
+SEMI_SYNC_CASES = [
+    (["--fault_tolerance.semi_sync_method", "fedavg"],
+     "[fault_tolerance] semi_sync_method = 'fedavg' is not a method: 'diloco', 'local_sgd'"),
+    (["--fault_tolerance.semi_sync_method", "diloco", "--fault_tolerance.sync_steps", "0"],
+     "[fault_tolerance] sync_steps = 0 must be >= 1"),
+    (["--fault_tolerance.semi_sync_method", "local_sgd", "--fault_tolerance.sync_steps", "3"],
+     "[training] steps = 20 with semi_sync_method = 'local_sgd' must be a multiple of "
+     "[fault_tolerance] sync_steps = 3"),
+    (["--fault_tolerance.semi_sync_method", "diloco", "--fault_tolerance.sync_steps", "5"], None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra,refusal", SEMI_SYNC_CASES, ids=["unknown", "sync_steps_0", "steps_not_multiple", "ok"]
+)
+def test_semi_sync_parse(extra, refusal):
+    """What semi-synchronous training accepts and refuses, in one line, at parse."""
+    from boost_titan.train.config_check import parse_config
+    from boost_titan.train.config_check.common import ConfigError
+
+    argv = ["--job.config_file", str(REPO_ROOT / "train_configs" / "debug_cola.toml"),
+            "--fault_tolerance.enable", "--fault_tolerance.group_size", "2", *extra]  # fmt: skip
+    if refusal is None:
+        config = parse_config(argv)
+        assert (config.fault_tolerance.semi_sync_method, config.fault_tolerance.sync_steps) == (
+            "diloco", 5,
+        )  # fmt: skip
+        return
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv)
+    assert refusal in str(e.value) and "\n" not in str(e.value)
+
+
 H, OUTER_STEPS = 2, 2  # sync every 2 inner steps, 2 syncs (the second uses the momentum)
 # small batches: the steps' numbers, not their cost, are what is compared
 SMALL = ("--training.local_batch_size", "2", "--training.seq_len", "64")
-MIB_LINE = re.compile(r"(\w+) sync (\d+) at step (\d+): [\d.]+ MiB per group \((\d+) bytes")
+MIB_LINE = re.compile(
+    r"\[rank(\d+)\]:.*? (\w+) sync (\d+) at step (\d+): [\d.]+ MiB per group \((\d+) bytes"
+)
 
 
 def semi_sync_reference(config: str, seed_step: Path, method: str, groups: int, dp: int = 1):
@@ -166,32 +201,45 @@ def semi_sync_reference(config: str, seed_step: Path, method: str, groups: int, 
 
 
 @pytest.mark.parametrize(
-    "config,method", [("debug_cola.toml", "diloco"), ("debug_llama2.toml", "local_sgd")]
+    "config,method,per_group,model_config",
+    [
+        ("debug_cola.toml", "diloco", 1, "debug_cola.toml"),
+        ("debug_llama2_fsdp2.toml", "local_sgd", 2, "debug_llama2.toml"),
+    ],
 )
-def test_semi_sync_equals_written_out(config, method, tmp_path, lighthouse, seed_checkpoint):
-    """2 groups of 1 rank, 2 syncs of H = 2 inner steps, from a seed checkpoint: every
-    group's losses and the final parameters (group 0's last checkpoint) equal the
-    reference's; each sync logs the model's parameter bytes (CoLA and its dense twin)."""
+def test_semi_sync_equals_written_out(
+    config, method, per_group, model_config, tmp_path, lighthouse, seed_checkpoint
+):
+    """2 groups (of 1 rank; of 2 FSDP ranks), 2 syncs of H = 2 inner steps, from a seed
+    checkpoint: every group's losses and the final parameters (group 0's last
+    checkpoint) equal the reference's; each sync logs the model's parameter bytes per
+    group (CoLA and its dense twin; FSDP's shards summed over the group)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
-    seed = seed_checkpoint(config)
+    seed = seed_checkpoint(model_config)
     runs = run_groups(
-        config, 2, 1, tmp_path, lighthouse,
+        config, 2, per_group, tmp_path, lighthouse,
         "--fault_tolerance.semi_sync_method", method,
         "--fault_tolerance.sync_steps", str(H),
         "--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
         "--checkpoint.interval", "1000", "--checkpoint.last_save_model_only", *SMALL,
         steps=H * OUTER_STEPS,
     )  # fmt: skip
-    losses, final, nbytes = semi_sync_reference(config, seed, method, 2)
+    losses, final, nbytes = semi_sync_reference(model_config, seed, method, 2, per_group)
     for i, run in enumerate(runs):
-        got = run.loss[0]
-        assert sorted(got) == list(range(1, H * OUTER_STEPS + 1)), run.output[-3000:]
-        for step, want in losses[i].items():
-            assert got[step] == pytest.approx(want, rel=1e-5, abs=1e-5), (i, step)
-        syncs = [(m[1], int(m[2]), int(m[3]), int(m[4])) for m in MIB_LINE.finditer(run.output)]
-        assert syncs == [(method, k, k * H, nbytes) for k in range(1, OUTER_STEPS + 1)], syncs
+        assert sorted(run.loss) == list(range(per_group)), run.output[-3000:]
+        for got in run.loss.values():
+            assert sorted(got) == list(range(1, H * OUTER_STEPS + 1)), run.output[-3000:]
+            for step, want in losses[i].items():
+                assert got[step] == pytest.approx(want, rel=1e-5, abs=1e-5), (i, step)
+        # every rank logs each sync: (rank, method, sync, step, bytes per group)
+        syncs = sorted(
+            (int(m[1]), m[2], int(m[3]), int(m[4]), int(m[5]))
+            for m in MIB_LINE.finditer(run.output)
+        )
+        outer = range(1, OUTER_STEPS + 1)
+        assert syncs == [(r, method, k, k * H, nbytes) for r in range(per_group) for k in outer]
     saved = {k: torch.zeros_like(v) for k, v in final.items()}
     last = runs[0].dump_folder / "checkpoint" / f"step-{H * OUTER_STEPS}"
     dcp.load(saved, checkpoint_id=str(last), no_dist=True)
