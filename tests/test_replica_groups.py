@@ -240,6 +240,13 @@ def test_semi_sync_equals_written_out(
         )
         outer = range(1, OUTER_STEPS + 1)
         assert syncs == [(r, method, k, k * H, nbytes) for r in range(per_group) for k in outer]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = runs[0].tb_event_files()
+    acc = EventAccumulator(events, size_guidance={"scalars": 0})
+    acc.Reload()
+    tb = [(e.step, e.value) for e in acc.Scalars("ft/outer_sync_mib")]
+    assert tb == [(k * H, pytest.approx(nbytes / 2**20)) for k in range(1, OUTER_STEPS + 1)]
     saved = {k: torch.zeros_like(v) for k, v in final.items()}
     last = runs[0].dump_folder / "checkpoint" / f"step-{H * OUTER_STEPS}"
     dcp.load(saved, checkpoint_id=str(last), no_dist=True)
