@@ -124,7 +124,7 @@ class ReplicaGroups:
         this step continues from."""
         self._step_start_samples = getattr(trainer.dataloader, "samples", None)
         if self.semi_sync is not None:
-            self.semi_sync.step_started(trainer.optimizers)
+            self.semi_sync.step_started(trainer.optimizers, trainer.step)
 
     def last_backward_done(self, model_parts) -> None:
         """After the step's last backward, before clipping: the cross-group gradient

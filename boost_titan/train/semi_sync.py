@@ -20,12 +20,13 @@ shard, count x element size, summed over the group's ranks) are logged at every 
 and written to TensorBoard as ``ft/outer_sync_mib``. The inner optimizer's state is
 never synchronized (each group keeps its own moments).
 
-The sync is counted by the trainer's steps, not by optimizer calls: a step the NaN
-guard does not apply (``[boost] nan_policy = "skip"``) still counts, so every group
-synchronizes at the same step. The global parameters are taken at the first step, after
-a checkpoint is loaded. A checkpoint (group 0's, as without semi-sync) holds group 0's
-model and inner optimizer, not the outer optimizer's momentum: a resume starts every
-group from group 0's state with the momentum at zero (said in the log at start).
+The sync follows the job's step count (after every step that is a multiple of H, a
+resumed run's too), not optimizer calls: a step the NaN guard does not apply (``[boost]
+nan_policy = "skip"``) still counts, so every group synchronizes at the same step. The
+global parameters are taken at the first step, after a checkpoint is loaded. A
+checkpoint (group 0's, as without semi-sync) holds group 0's model and inner optimizer,
+not the outer optimizer's momentum: a resume starts every group from group 0's state
+with the momentum at zero (said in the log at start).
 """
 
 from __future__ import annotations
@@ -101,10 +102,13 @@ class SemiSync:
                if self.method == "diloco" else "")
         )  # fmt: skip
 
-    def step_started(self, optimizers) -> None:
+    def step_started(self, optimizers, step: int) -> None:
         """Before the inner step: a peer may not read the model while it changes."""
         if self._impl is None:  # after any checkpoint load: those are the global weights
             self._start(optimizers)
+            # syncs follow the job's step count: after a resume at a step between two
+            # syncs, the next one is still at a multiple of sync_steps
+            self._impl._local_step = (step - 1) % self.sync_steps
         self.manager.disallow_state_dict_read()
 
     def step_finished(self, step: int, metrics_logger) -> None:
