@@ -52,12 +52,14 @@ def run_training(
     timeout: int = 900,
     expect_failure: bool = False,
     launcher: str = "fork",
+    env: dict[str, str] | None = None,
 ) -> TrainRun:
     """Train ``config`` (a file of train_configs/) on ``ngpu`` gloo ranks with these
     CLI overrides. ``launcher``: "fork" (``tests/launcher.py``: the trainer's ranks
     forked from a server that imported it once) or "torchrun" (the README's
-    ``run_train.sh``, for tests of the launcher itself and of the README's runs)."""
-    env = dict(os.environ)
+    ``run_train.sh``, for tests of the launcher itself and of the README's runs).
+    ``env``: variables for this run's ranks only, on top of this process's."""
+    env = {**os.environ, **(env or {})}
     env.update(LOG_RANK=",".join(str(r) for r in range(ngpu)), PYTHON=PYTHON)
     config_file = str(REPO_ROOT / "train_configs" / config)
     args = [

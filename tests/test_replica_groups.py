@@ -27,10 +27,12 @@ def lighthouse(monkeypatch):
 
 
 def run_groups(
-    config: str, groups: int, per_group: int, root: Path, address: str, *extra, steps: int = 3
-):
+    config: str, groups: int, per_group: int, root: Path, address: str, *extra,
+    steps: int = 3, env: dict[int, dict[str, str]] | None = None,
+):  # fmt: skip
     """``groups`` launches of ``per_group`` ranks each, at once, as replica groups of one
-    job; returns their runs (``run_training``'s), group 0 first."""
+    job; returns their runs (``run_training``'s), group 0 first. ``env[i]``: variables
+    for group ``i`` alone."""
     runs: list = [None] * groups
     errors: list = []
 
@@ -52,6 +54,7 @@ def run_groups(
                 str(groups),
                 *extra,
                 timeout=600,
+                env=(env or {}).get(i),
             )
         except BaseException as e:  # (re-raised in the test's thread)
             errors.append(e)
@@ -121,11 +124,14 @@ MIB_LINE = re.compile(
 )
 
 
-def semi_sync_reference(config: str, seed_step: Path, method: str, groups: int, dp: int = 1):
+def semi_sync_reference(
+    config: str, seed_step: Path, method: str, groups: int, dp: int = 1, skipped=frozenset()
+):
     """DiLoCo / local SGD written here, in one process: each group's model trains H
     steps on its own batches (data-parallel ranks ``i * dp ...`` of ``groups * dp``,
     concatenated: a group of ``dp`` FSDP ranks) with its own AdamW,
-    LR schedule and clipping, then the groups meet: DiLoCo takes one Nesterov SGD step
+    LR schedule and clipping (a (group, step) in ``skipped``: no optimizer or LR step, as
+    the NaN guard's skip), then the groups meet: DiLoCo takes one Nesterov SGD step
     (lr 0.7, momentum 0.9) from the last global parameters along the averaged
     pseudo-gradient (global - local); local SGD averages the parameters. Returns
     (losses[group][step], final parameters, the model's parameter bytes)."""
@@ -178,8 +184,9 @@ def semi_sync_reference(config: str, seed_step: Path, method: str, groups: int, 
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm)
-            optims[i].step()
-            scheds[i].step()
+            if (i, step) not in skipped:
+                optims[i].step()
+                scheds[i].step()
             optims[i].zero_grad()
             losses[i][step] = loss.item()
         if step % H:
@@ -201,32 +208,41 @@ def semi_sync_reference(config: str, seed_step: Path, method: str, groups: int, 
 
 
 @pytest.mark.parametrize(
-    "config,method,per_group,model_config",
+    "config,method,per_group,model_config,skipped",
     [
-        ("debug_cola.toml", "diloco", 1, "debug_cola.toml"),
-        ("debug_llama2_fsdp2.toml", "local_sgd", 2, "debug_llama2.toml"),
+        ("debug_cola.toml", "diloco", 1, "debug_cola.toml", {(0, 1)}),
+        ("debug_llama2_fsdp2.toml", "local_sgd", 2, "debug_llama2.toml", set()),
     ],
 )
 def test_semi_sync_equals_written_out(
-    config, method, per_group, model_config, tmp_path, lighthouse, seed_checkpoint
+    config, method, per_group, model_config, skipped, tmp_path, lighthouse, seed_checkpoint
 ):
     """2 groups (of 1 rank; of 2 FSDP ranks), 2 syncs of H = 2 inner steps, from a seed
     checkpoint: every group's losses and the final parameters (group 0's last
     checkpoint) equal the reference's; each sync logs the model's parameter bytes per
-    group (CoLA and its dense twin; FSDP's shards summed over the group)."""
+    group (CoLA and its dense twin; FSDP's shards summed over the group). In the DiLoCo
+    case group 0 alone skips step 1 (an injected inf gradient, ``nan_policy = "skip"``):
+    it still syncs with group 1 at steps 2 and 4 (syncs count the job's steps)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
+    from boost_titan.train.fault import INJECT_ENV
+
     seed = seed_checkpoint(model_config)
+    env = {i: {INJECT_ENV: f"inf_grad@{step}"} for i, step in skipped}
     runs = run_groups(
-        config, 2, per_group, tmp_path, lighthouse,
+        config, 2, per_group, tmp_path, lighthouse, "--boost.nan_policy", "skip",
         "--fault_tolerance.semi_sync_method", method,
         "--fault_tolerance.sync_steps", str(H),
         "--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
         "--checkpoint.interval", "1000", "--checkpoint.last_save_model_only", *SMALL,
-        steps=H * OUTER_STEPS,
+        steps=H * OUTER_STEPS, env=env,
     )  # fmt: skip
-    losses, final, nbytes = semi_sync_reference(model_config, seed, method, 2, per_group)
+    for i, step in skipped:
+        assert f"step {step}: non-finite loss or gradients; update skipped" in runs[i].output
+    losses, final, nbytes = semi_sync_reference(
+        model_config, seed, method, 2, per_group, frozenset(skipped)
+    )
     for i, run in enumerate(runs):
         assert sorted(run.loss) == list(range(per_group)), run.output[-3000:]
         for got in run.loss.values():
