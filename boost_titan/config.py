@@ -1,5 +1,5 @@
 """The ``[boost]`` TOML section, and options added to torchtitan's ``[checkpoint]``,
-``[optimizer]`` and ``[training]``, merged into torchtitan's JobConfig.
+``[fault_tolerance]``, ``[optimizer]`` and ``[training]``, merged into torchtitan's JobConfig.
 
 ``boost_titan.train`` merges it automatically; with plain ``torchtitan.train`` set
 ``[job] custom_config_module = "boost_titan.config"``.
@@ -273,9 +273,21 @@ class Checkpoint:
 
 
 @dataclass
+class FaultTolerance:
+    """boost_titan's options, merged into torchtitan's ``[fault_tolerance]`` section
+    (``boost_titan.train.semi_sync``)."""
+
+    sync_steps: int = 5
+    """With ``semi_sync_method`` ("diloco" or "local_sgd"): the inner steps each replica
+    group takes on its own between two synchronizations across the groups (DiLoCo's H;
+    torchtitan's default). Not read without ``semi_sync_method``."""
+
+
+@dataclass
 class JobConfig:
     boost: Boost = field(default_factory=Boost)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     optimizer: Optimizer = field(default_factory=Optimizer)
     training: Training = field(default_factory=Training)
 

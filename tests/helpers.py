@@ -58,7 +58,7 @@ def run_training(
     CLI overrides. ``launcher``: "fork" (``tests/launcher.py``: the trainer's ranks
     forked from a server that imported it once) or "torchrun" (the README's
     ``run_train.sh``, for tests of the launcher itself and of the README's runs).
-    ``env``: added to this process's environment for the run."""
+    ``env``: variables for this run's ranks only, on top of this process's."""
     env = {**os.environ, **(env or {})}
     env.update(LOG_RANK=",".join(str(r) for r in range(ngpu)), PYTHON=PYTHON)
     config_file = str(REPO_ROOT / "train_configs" / config)

@@ -9,6 +9,9 @@
     launch_check  the config checked once before torchrun (run_train.sh; ``boost-titan
                   check-config``)
     fault         preemption, non-finite steps, cut-off checkpoints, fault injection
+    replicas      torchft replica groups ([fault_tolerance]): quorum, cross-group
+                  gradients, peer recovery
+    semi_sync     DiLoCo and local SGD across the replica groups (semi_sync_method)
     torchrun      run_train.sh's torchrun: its failure report left out after a refusal
                   the ranks explained in one line
     replicas      torchft replica groups ([fault_tolerance]): quorum, gradients across

@@ -33,6 +33,12 @@ batch of the recovery step is discarded (torchft zeroes a healing group's share)
 group is down its windows are not trained; the global position still advances by the
 whole global batch each step, so a restart of the whole job resumes every group exactly.
 
+**Semi-synchronous training** (``semi_sync_method = "diloco"`` or ``"local_sgd"``):
+none of the per-step protocol above runs (no quorum at ``zero_grad``, no gradient
+all-reduce, no ``should_commit`` gate, no loss averaged across groups): the groups train
+alone and synchronize every ``sync_steps`` steps, with a quorum of their own
+(``boost_titan.train.semi_sync``). :meth:`ReplicaGroups.attach` decides which.
+
 **Checkpoints.** Group 0 alone saves (one sealed step per step of the job, one folder
 lock); every group loads it at a restart. While group 0 is down no step is saved.
 """
@@ -98,6 +104,9 @@ class ReplicaGroups:
             pg = torchft.ProcessGroupNCCL(timeout=timeout)
         self.replica_id, self.group_size = ft_config.replica_id, ft_config.group_size
         self.min_replica_size = ft_config.min_replica_size
+        self.semi_sync_method = ft_config.semi_sync_method
+        self.sync_steps = ft_config.sync_steps
+        self.semi_sync = None  # boost_titan.train.semi_sync.SemiSync, from attach()
         # init_sync=False: every group builds the same seeded weights (or loads the same
         # step), so step 0 needs no transfer; with it torchft zeroes one group's first
         # gradients and the first step differs from the same run without FT
@@ -106,7 +115,8 @@ class ReplicaGroups:
             load_state_dict=None,
             state_dict=None,
             min_replica_size=self.min_replica_size,
-            use_async_quorum=True,
+            # semi-sync: the quorum is at each sync, and DiLoCo needs it synchronous
+            use_async_quorum=self.semi_sync_method is None,
             init_sync=False,
             timeout=timeout,
             # a quorum waits for the live groups to reach their next step (a step's time)
@@ -121,7 +131,46 @@ class ReplicaGroups:
         self.committed = True  # the last step's decision
         self._step_start_samples: int | None = None
 
+    def attach(self, trainer) -> None:
+        """Into the built trainer: the state a recovering peer gets, and either the
+        per-step protocol (module docstring) or semi-synchronous training."""
+        self.register_state(trainer.checkpointer.states, trainer.dataloader, trainer.model_parts)
+        if self.semi_sync_method is None:
+            self.gate(trainer.optimizers, trainer.lr_schedulers)
+            trainer.metrics_processor.share_replica_loss(self.average_loss)
+            return
+        from boost_titan.train.semi_sync import SemiSync
+
+        self.semi_sync = SemiSync(
+            self.semi_sync_method, self.manager, self.sync_steps, trainer.model_parts,
+            self.replica_id,
+        )  # fmt: skip
+        if trainer.checkpointer.enable:
+            logger.warning(
+                f"[fault_tolerance] semi_sync_method = {self.semi_sync_method}: a checkpoint "
+                "holds group 0's model and inner optimizer, not the outer optimizer's "
+                "momentum; a resume starts every group from group 0's state with the "
+                "momentum at zero (not an exact resume of every group)"
+            )
+
     # ------------------------------------------------------------------ a step
+    def step_started(self, trainer) -> None:
+        """Before the step's batch is read: the data position a peer recovering during
+        this step continues from."""
+        self._step_start_samples = getattr(trainer.dataloader, "samples", None)
+        if self.semi_sync is not None:
+            self.semi_sync.step_started(trainer.optimizers, trainer.step)
+
+    def last_backward_done(self, model_parts) -> None:
+        """After the step's last backward, before clipping: the cross-group gradient
+        all-reduce (not in semi-synchronous training: the groups train alone)."""
+        if self.semi_sync is None:
+            self.average_gradients(model_parts)
+
+    def step_finished(self, step: int, metrics_logger) -> None:
+        if self.semi_sync is not None:
+            self.semi_sync.step_finished(step, metrics_logger)
+
     def gate(self, optimizers, lr_schedulers) -> None:
         """torchft's step protocol around the trainer's own optimizer calls (as
         ``torchft.optim.OptimizerWrapper``, on the container torchtitan holds, so the
@@ -181,11 +230,6 @@ class ReplicaGroups:
         return t.item(), m.item()
 
     # ------------------------------------------------------------------ recovery
-    def step_started(self, loader) -> None:
-        """The data position at this step's start (before its batch is read): what a
-        peer recovering during this step continues from."""
-        self._step_start_samples = getattr(loader, "samples", None)
-
     def register_state(self, states: dict[str, Any], loader, model_parts) -> None:
         """What a live group sends a recovering one: the checkpointer's model,
         optimizer, LR schedule and train state, and the data position after this step."""

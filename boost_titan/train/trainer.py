@@ -132,11 +132,7 @@ class BoostTrainer(Trainer):
     def __init__(self, job_config):
         super().__init__(job_config)
         if self.replicas is not None:
-            self.replicas.gate(self.optimizers, self.lr_schedulers)
-            self.replicas.register_state(
-                self.checkpointer.states, self.dataloader, self.model_parts
-            )
-            self.metrics_processor.share_replica_loss(self.replicas.average_loss)
+            self.replicas.attach(self)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.injector = fault.FaultInjector(os.environ.get(fault.INJECT_ENV, ""), rank)
         self.preemption = fault.Preemption() if self.checkpointer.enable else None
@@ -188,7 +184,7 @@ class BoostTrainer(Trainer):
     def train_step(self, data_iterator):
         self._microbatches = 0
         if self.replicas is not None:
-            self.replicas.step_started(self.dataloader)
+            self.replicas.step_started(self)
         with fault.grad_norms_to(self.guard):
             if self.step_profiler.wants(self.step):
                 self._profiled_train_step(data_iterator)
@@ -196,6 +192,8 @@ class BoostTrainer(Trainer):
                 super().train_step(data_iterator)
         if self.replicas is not None:
             self._until_committed(data_iterator)
+            # (semi-sync: every sync_steps steps, a sync)
+            self.replicas.step_finished(self.step, self.metrics_processor.logger)
         self._last_run_step = self.step
 
     def _until_committed(self, data_iterator) -> None:
@@ -283,7 +281,7 @@ class BoostTrainer(Trainer):
         self._microbatches += 1
         if self.replicas is not None and self._microbatches == self.gradient_accumulation_steps:
             # the step's last backward: the cross-group all-reduce, before clipping
-            self.replicas.average_gradients(self.model_parts)
+            self.replicas.last_backward_done(self.model_parts)
         return loss
 
     def _forward_backward_impl(self, input_dict, labels, global_valid_tokens):

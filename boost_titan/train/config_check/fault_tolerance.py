@@ -60,13 +60,19 @@ def _check_fault_tolerance(config, world_size: int | None) -> None:
             "is not a method: 'diloco', 'local_sgd' or none (every step synchronous)",
         )
     if ft.semi_sync_method is not None:
-        raise bad(
-            "fault_tolerance",
-            "semi_sync_method",
-            ft.semi_sync_method,
-            "is not supported by boost_titan's trainer yet; leave it unset (every step "
-            "synchronous across the replica groups)",
-        )
+        _at_least(
+            "fault_tolerance", "sync_steps", ft.sync_steps, 1,
+            " (the inner steps between two synchronizations across the groups)",
+        )  # fmt: skip
+        if config.training.steps % ft.sync_steps:
+            raise bad(
+                "training",
+                "steps",
+                config.training.steps,
+                f"with semi_sync_method = {ft.semi_sync_method!r} must be a multiple of "
+                f"[fault_tolerance] sync_steps = {ft.sync_steps}: the run ends on a sync, "
+                "where every replica group holds the same parameters",
+            )
     p = config.parallelism
     if p.data_parallel_replicate_degree > 1:
         raise bad(
