@@ -1,6 +1,6 @@
 """What a replica group's death and return cost, and what a DiLoCo outer sync sends.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/replica_groups.py [--steps 60] [--kill-after 4]
+    PYTHONPATH=. .venv/bin/python benchmarks/replica_groups.py [--steps 200] [--kill-after 4]
 
 One run, side by side: a lighthouse in this process and two torchft replica groups of
 one CPU rank each (``run_train.sh``, train_configs/debug_cola.toml, seq_len 64,
@@ -71,6 +71,7 @@ def _first(pattern: str, text: str) -> float | None:
 
 
 def failure_and_recovery(args) -> None:
+    os.environ.setdefault("RUST_LOG", "warn")  # (the lighthouse's every quorum: RUST_LOG=info)
     from torchft._torchft import LighthouseServer
 
     server = LighthouseServer(
@@ -151,14 +152,14 @@ def gpu_hours_lost(args) -> None:
     group alone waits for its relaunch and its recovery from a peer)."""
     restart = args.load_s + args.other_s
     redo = args.interval / 2 * args.step_s
-    detect = args.timeout_ms / 1000 + args.heartbeat_ms / 1000 + args.step_s
+    detect = args.detect_s + args.step_s
     recover = args.other_s + args.recover_s
     print()
     print(
         f"step {args.step_s} s, checkpoint every {args.interval} steps, a restart's load "
         f"{args.load_s} s + the rest of a restart {args.other_s} s; replica groups of "
-        f"{args.group_gpus} GPUs, detection {detect:.1f} s (collectives' timeout + "
-        f"heartbeat + the step in flight), a relaunched group's recovery {args.recover_s} s"
+        f"{args.group_gpus} GPUs, detection {detect:.1f} s (--detect-s + the step in "
+        f"flight), a relaunched group's recovery {args.recover_s} s"
     )
     print(
         "| GPUs | failures/day | checkpoint-restart GPU-h/day | replica groups GPU-h/day | ratio |"
@@ -176,7 +177,13 @@ def gpu_hours_lost(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60, help="steps of each group (default 60)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=200,
+        help="steps of each group (default 200: "
+        "the survivor must still train when the relaunched group is up)",
+    )
     p.add_argument("--kill-after", type=int, default=4, help="group 1 dies after this step")
     p.add_argument("--timeout-ms", type=int, default=2000, help="process_group_timeout_ms")
     p.add_argument("--heartbeat-ms", type=int, default=1000, help="lighthouse heartbeat timeout")
@@ -211,6 +218,14 @@ def main() -> None:
         help="a group's recovery from a "
         "peer: cola 7b's weights and AdamW moments, 4.2 GB per GPU of an 8-GPU "
         "group, at 1 GB/s (torchft's HTTP transport; not measured on GPUs)",
+    )
+    g.add_argument(
+        "--detect-s",
+        type=float,
+        default=15.0,
+        help="a death to the survivors' "
+        "next step, at most: the defaults' collectives' timeout 10 s + heartbeat "
+        "5 s (the run above measures it at its own, shorter, settings)",
     )
     g.add_argument("--group-gpus", type=int, default=8, help="GPUs per replica group")
     args = p.parse_args()

@@ -95,6 +95,10 @@ class ReplicaGroups:
     def __init__(self, ft_config, *, group_rank: int, group_world_size: int):
         import torchft  # (its log level: RUST_LOG, set by boost_titan.train's entry)
 
+        # torchft's Python side logs each quorum and commit at INFO (through torchtitan's
+        # handler: two lines per step per rank); its warnings stay, and our own lines say
+        # what a user needs (a step not applied, a recovery)
+        logging.getLogger("torchft").setLevel(logging.WARNING)
         logging.getLogger("torchft.manager").addFilter(_no_flight_recorder_line)
 
         timeout = timedelta(milliseconds=ft_config.process_group_timeout_ms)
