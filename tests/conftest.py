@@ -22,19 +22,14 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     # Under xdist each worker gets its share of the cores (launcher.cores), for its own
     # intra-op pool and, through the environment, every process it starts (fork server,
     # dry-run roles, run_train.sh's ranks): sized for the whole machine, two workers ran
-    # twice as many spinning OpenMP threads as there are cores (tests/README.md). The
-    # same share for inductor's compile workers: by default every compiling process
-    # (each rank) starts a pool of one fresh interpreter per core for its C++ builds
+    # twice as many spinning OpenMP threads as there are cores (tests/README.md)
     import torch
-    import torch._inductor.config as inductor_config
     from launcher import cores
 
     asked = os.environ.get("OMP_NUM_THREADS")
     threads = min(int(asked), cores()) if asked else cores()
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
-    inductor_config.compile_threads = int(os.environ["TORCHINDUCTOR_COMPILE_THREADS"])
 
 
 @pytest.fixture(scope="session")
