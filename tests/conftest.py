@@ -18,6 +18,19 @@ integrity.install()  # and checksums: the trainer's checkpoints carry them
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    # Under xdist each worker gets its share of the cores (launcher.cores), for its own
+    # intra-op pool and, through the environment, every process it starts (fork server,
+    # dry-run roles, run_train.sh's ranks): sized for the whole machine, two workers ran
+    # twice as many spinning OpenMP threads as there are cores (tests/README.md)
+    import torch
+    from launcher import cores
+
+    asked = os.environ.get("OMP_NUM_THREADS")
+    threads = min(int(asked), cores()) if asked else cores()
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
 
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:

@@ -4,9 +4,10 @@ server that imported torch, torchtitan and boost_titan once (``boost_titan.perf.
 
 What torchrun and ``python -m`` do for a run that matters to the code under test, it
 does too: the environment of ``torch.distributed.run`` (RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR/PORT, ...), run_train.sh's defaults (OMP_NUM_THREADS = cores / ranks,
-HF_DATASETS_OFFLINE=1), the exit code (``SystemExit``, an exception, ``main``'s return
-value) and the CPU runtime's clean exit, each rank's stdout and stderr kept apart (a
+MASTER_ADDR/PORT, ...), run_train.sh's defaults (OMP_NUM_THREADS = cores / ranks, of
+the cores this pytest worker may use: :func:`cores`; HF_DATASETS_OFFLINE=1), the exit
+code (``SystemExit``, an exception, ``main``'s return value) and the CPU runtime's
+clean exit, each rank's stdout and stderr kept apart (a
 run's text as torchrun tees it: lines prefixed ``[rank<r>]:``), and, when a rank fails,
 the others stopped. What it saves per launch: torchrun's agent and every process's
 imports (~10 s of a 15-20 s debug run on 2 cores; ~5 s of a CLI call).
@@ -27,6 +28,24 @@ import traceback
 from dataclasses import dataclass
 
 PRELOAD = "boost_titan.perf.preload"
+
+
+def cores() -> int:
+    """The cores this pytest process may use: the machine's, shared out among xdist's
+    workers (``make test``: two). Each worker otherwise sized its ranks' OpenMP pools
+    for the whole machine, and two workers on two cores ran up to four spinning
+    OpenMP threads: test_btp beside another job on this machine took 615 s of wall
+    and 142 s of CPU at two threads, 114 s and 47 s at one."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+def main(argv: list[str]) -> None:
+    """A launched process's own view (``launch("launcher", ...)``): its intra-op
+    threads and OMP_NUM_THREADS, one line."""
+    import torch
+
+    print(f"threads {torch.get_num_threads()} omp {os.environ.get('OMP_NUM_THREADS')}")
 
 
 @dataclass
@@ -92,7 +111,10 @@ def launch(
     torchrun launch)."""
     os.makedirs(log_dir, exist_ok=True)
     env = dict(env)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # this worker's cores shared out among the ranks; a value inherited from the worker's
+    # environment (conftest: its whole share) or asked for is never more than that
+    share = max(1, cores() // nproc)
+    env["OMP_NUM_THREADS"] = str(min(int(env.get("OMP_NUM_THREADS") or share), share))
     env.setdefault("HF_DATASETS_OFFLINE", "1")
     env.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
     store = None

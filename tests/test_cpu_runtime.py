@@ -7,6 +7,7 @@ interpreter and reports back as JSON on its last stdout line.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -237,3 +238,21 @@ def test_sharded_random_init_equals_one_device(tmp_path):
     report = json.loads(out.read_text())
     assert len(report) == 4 and any("_StridedShard" in k for k in report), report
     assert all(report.values()), report
+
+
+@pytest.mark.parametrize("workers,asked", [(1, None), (2, None), (2, "64")])
+def test_a_launched_process_gets_its_workers_share_of_the_cores(
+    tmp_path, monkeypatch, workers, asked
+):
+    """Under ``pytest -n workers`` each worker's processes get its share of the cores
+    (tests/launcher.py: ``cores``), never threads for the whole machine, even when more
+    are asked for: two workers each sizing their pools for both cores of a 2-core
+    machine ran up to four spinning OpenMP threads (tests/README.md)."""
+    from launcher import launch
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    env = {"PATH": os.environ["PATH"], **({"OMP_NUM_THREADS": asked} if asked else {})}
+    out = launch("launcher", [], 1, env, str(tmp_path), str(tmp_path / "logs"), 120, False)
+    assert out.returncode == 0, out.stderr
+    share = str(max(1, (os.cpu_count() or 1) // workers))
+    assert out.stdout[0].split() == ["threads", share, "omp", share], out.stdout
