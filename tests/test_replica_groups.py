@@ -638,3 +638,41 @@ def test_semi_sync_equals_written_out(
     dcp.load(saved, checkpoint_id=str(last), no_dist=True)
     for name, want in final.items():
         torch.testing.assert_close(saved[name], want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_gradients_are_averaged_bucket_by_bucket(monkeypatch):
+    """The cross-group all-reduce, in buckets of at most BUCKET_BYTES: every gradient
+    gets its own averaged values back (a fake Manager halves what it is given, as the
+    average of this group's gradient and a zero one would), each dtype apart."""
+    import torch
+
+    from boost_titan.train import replicas
+
+    calls = []
+
+    class Work:
+        def wait(self):
+            return None
+
+    class Manager:
+        def allreduce(self, flat, reduce_op):
+            calls.append((flat.dtype, flat.numel()))
+            flat.mul_(0.5)
+            return Work()
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict(
+        {n: torch.nn.Linear(k, k, dtype=dt) for n, k, dt in
+         [("a", 4, torch.float32), ("b", 8, torch.float32), ("c", 3, torch.bfloat16)]}
+    )  # fmt: skip
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    want = {n: p.grad.clone() * 0.5 for n, p in model.named_parameters()}
+    groups = replicas.ReplicaGroups.__new__(replicas.ReplicaGroups)
+    groups.manager = Manager()
+    monkeypatch.setattr(replicas, "BUCKET_BYTES", 8 * 8 * 4)  # b's weight alone fills one
+    groups.average_gradients([model])
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, want[n]), n
+    assert calls == [(torch.float32, 20), (torch.float32, 64), (torch.float32, 8),
+                     (torch.bfloat16, 12)]  # fmt: skip

@@ -60,6 +60,9 @@ from torchtitan.tools.logging import logger
 DATA_KEY = "boost_data_position"
 DIGEST_ENV = "BOOST_TITAN_PARAM_DIGEST"
 QUORUM_TIMEOUT = timedelta(seconds=60)
+#: the most gradient bytes one cross-group all-reduce carries (one tensor larger than
+#: this goes alone)
+BUCKET_BYTES = 256 * 2**20
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -82,6 +85,20 @@ def _no_flight_recorder_line(record: logging.LogRecord) -> bool:
     """torchft warns at every new quorum that it cannot reset NCCL's flight recorder
     where torch has none (a CPU build): nothing to act on."""
     return "Unable to reset NCCL flight recorder" not in record.getMessage()
+
+
+def _buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """Consecutive runs of ``tensors`` of at most ``limit`` bytes each."""
+    out: list[list[torch.Tensor]] = []
+    size = limit
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if size + nbytes > limit:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += nbytes
+    return out
 
 
 def _first_line(e: BaseException) -> str:
@@ -209,8 +226,10 @@ class ReplicaGroups:
 
     @torch.no_grad()
     def average_gradients(self, model_parts) -> None:
-        """Every gradient averaged over the live groups, one all-reduce per dtype. A
-        DTensor's local shard is what is averaged: every group has the same layout."""
+        """Every gradient averaged over the live groups, in buckets of at most
+        :data:`BUCKET_BYTES` per dtype (a rank holds one bucket's copy at a time, not a
+        second copy of all its gradients). A DTensor's local shard is what is averaged:
+        every group has the same layout."""
         grads = defaultdict(list)
         for part in model_parts:
             for p in part.parameters():
@@ -219,12 +238,13 @@ class ReplicaGroups:
                     g = g.to_local() if hasattr(g, "to_local") else g
                     grads[g.dtype].append(g)
         for group in grads.values():
-            flat = torch.cat([g.reshape(-1) for g in group])
-            self.manager.allreduce(flat, reduce_op=ReduceOp.AVG).wait()
-            offset = 0
-            for g in group:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            for bucket in _buckets(group, BUCKET_BYTES):
+                flat = torch.cat([g.reshape(-1) for g in bucket])
+                self.manager.allreduce(flat, reduce_op=ReduceOp.AVG).wait()
+                offset = 0
+                for g in bucket:
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                    offset += g.numel()
 
     def average_loss(self, avg: float, peak: float) -> tuple[float, float]:
         t = torch.tensor([avg], dtype=torch.float64)
